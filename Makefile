@@ -1,0 +1,36 @@
+# kvstore-lazy: `make demo` and `make test` set everything up on a fresh machine (see README.md).
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test test-unit test-integration demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests
+
+test-integration: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m integration tests
+
+demo: venv
+	$(PY) scripts/demo.py
+
+bench: venv
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,33 @@
+"""Command-line entry points (console scripts in pyproject.toml)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def server_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kvstore-lazy-server",
+        description="Run a kvstore_lazy parameter server. It reads the same DMLC_* environment as a stock MXNet "
+                    "server (DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
+                    "DMLC_NODE_HOST, PS_HEARTBEAT_INTERVAL, PS_RESEND, ...).")
+    parser.add_argument("--materialize", choices=["touch", "push"], default=None,
+                        help="when a lazy row is stored: on its first pull or push (touch, default) or only on its "
+                             "first push (pulls of absent rows get computed initial values). "
+                             "Env: KVSTORE_LAZY_MATERIALIZE")
+    parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    if args.materialize:
+        os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
+    rank_hint = os.environ.get("DMLC_TASK_ID", "?")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s kvstore_lazy server[{rank_hint}] %(levelname)s %(message)s")
+    from .runtime import Config, ServerNode, StartupError
+    try:
+        config = Config.from_env()
+    except StartupError as exc:
+        logging.getLogger("kvstore_lazy").error("%s", exc)
+        return 2
+    return ServerNode(config).run()

@@ -1,0 +1,505 @@
+"""Optimizers for the kvstore server: safe loading and numpy updates.
+
+This module owns two things:
+
+* ``load_optimizer(body)``, which turns the worker's protocol-0 pickle of an
+  ``mxnet.optimizer`` object (the body of the ps-lite kController command) into
+  a local stub object. It uses a restricted unpickler. It never imports mxnet
+  and never resolves a global that is not on an allow-list.
+* The stubs, which are numpy re-implementations of MXNet 1.9.1's optimizer
+  update operators: SGD, NAG, Signum, Adam, AdaGrad, Ftrl, RMSProp and Test,
+  plus the four stock lr schedulers. They follow the kernels'
+  float32 operation order. Scalar hyper-parameters become float32 in the same
+  way MXNet's ops receive them: ``str(value)``, parsed by dmlc-core's inexact
+  ``ParseFloat``.
+
+``Optimizer.update`` works element by element. The server can call it on a
+whole dense array, or on the gathered rows of a row_sparse key, which gives
+MXNet's lazy_update semantics.
+"""
+import functools
+import io
+import math
+import pickle
+
+import numpy as np
+
+__all__ = ['load_optimizer', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
+           'SGD', 'NAG', 'Signum', 'Adam', 'AdaGrad', 'Ftrl', 'RMSProp', 'Test',
+           'FactorScheduler', 'MultiFactorScheduler', 'PolyScheduler', 'CosineScheduler']
+
+_f32 = np.float32
+_ONE = _f32(1)   # np.float32(1) + 1 would be float64 in numpy 1.23; keep literals float32
+_NO_CLIP = _f32(-1)
+
+
+class UnsafePickleError(ValueError):
+    """The optimizer pickle references a global outside the allow-list, or is malformed."""
+
+
+class UnsupportedOptimizerError(ValueError):
+    """The pickle holds a genuine mxnet optimizer/scheduler class that is not implemented here."""
+
+
+# --------------------------------------------------------------------------------------
+# How MXNet turns Python hyper-parameters into float32 kernel arguments.
+# --------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def _dmlc_parse(text, ftype):
+    """dmlc::ParseFloat<ftype> (dmlc-core strtonum.h), step by step.
+
+    It is not correctly rounded. About 14% of random values parse 1 ulp away
+    from np.float32(value).
+    """
+    s, i, neg = text.strip(), 0, False
+    if s[:1] in ('+', '-'):
+        neg, i = s[0] == '-', 1
+    low = s[i:].lower()
+    if low.startswith('inf') or low.startswith('nan'):
+        value = ftype('inf' if low.startswith('inf') else 'nan')
+        return -value if neg else value
+    j = i
+    while j < len(s) and s[j].isdigit():
+        j += 1
+    value = ftype(int(s[i:j] or '0'))
+    i = j
+    if s[i:i + 1] == '.':
+        j = i = i + 1
+        while j < len(s) and s[j].isdigit():
+            j += 1
+        digits = s[i:j][:19]          # kStrtofMaxDigits
+        if digits:
+            value = ftype(value + ftype(int(digits) / float(10 ** len(digits))))
+        i = j
+    if s[i:i + 1] in ('e', 'E'):
+        i += 1
+        frac = s[i:i + 1] == '-'
+        if s[i:i + 1] in ('+', '-'):
+            i += 1
+        j = i
+        while j < len(s) and s[j].isdigit():
+            j += 1
+        expon = min(int(s[i:j] or '0'), 38 if ftype is _f32 else 308)
+        scale = ftype(1.0)
+        while expon >= 8:
+            scale, expon = ftype(scale * ftype(1e8)), expon - 8
+        while expon > 0:
+            scale, expon = ftype(scale * ftype(10.0)), expon - 1
+        value = ftype(value / scale) if frac else ftype(value * scale)
+    return -value if neg else value
+
+
+def _op_f32(value):
+    """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...)."""
+    return _dmlc_parse(str(value), _f32)
+
+
+def _scalar_f32(value):
+    """The scalar of an NDArray-scalar op (``x * 0.5``): a parsed double cast to float32."""
+    return _f32(_dmlc_parse(str(float(value)), float))
+
+
+def _tuple_f32(value):
+    """An element of a Tuple<float> field (multi_sgd lrs/wds): std::istream, i.e. strtof."""
+    return _f32(float(value))
+
+
+def _clip(x, bound):
+    return np.clip(x, -bound, bound)
+
+
+def _sign(x):
+    return (x > 0).astype(_f32) - (x < 0).astype(_f32)
+
+
+# --------------------------------------------------------------------------------------
+# lr schedulers: the __call__ logic of mxnet/lr_scheduler.py (they are stateful).
+# --------------------------------------------------------------------------------------
+class LRScheduler:
+    def __setstate__(self, state):
+        if not isinstance(state, dict):
+            raise UnsafePickleError('lr_scheduler state is not a dict')
+        self.__dict__.update(state)
+
+    def get_warmup_lr(self, num_update):
+        if self.warmup_mode == 'linear':
+            increase = (self.warmup_final_lr - self.warmup_begin_lr) \
+                * float(num_update) / float(self.warmup_steps)
+            return self.warmup_begin_lr + increase
+        return self.warmup_begin_lr
+
+
+class FactorScheduler(LRScheduler):
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        while num_update > self.count + self.step:
+            self.count += self.step
+            self.base_lr *= self.factor
+            if self.base_lr < self.stop_factor_lr:
+                self.base_lr = self.stop_factor_lr
+        return self.base_lr
+
+
+class MultiFactorScheduler(LRScheduler):
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        while self.cur_step_ind <= len(self.step) - 1:
+            if num_update > self.step[self.cur_step_ind]:
+                self.count = self.step[self.cur_step_ind]
+                self.cur_step_ind += 1
+                self.base_lr *= self.factor
+            else:
+                return self.base_lr
+        return self.base_lr
+
+
+class PolyScheduler(LRScheduler):
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        if num_update <= self.max_update:
+            self.base_lr = self.final_lr + (self.base_lr_orig - self.final_lr) * \
+                pow(1 - float(num_update - self.warmup_steps) / float(self.max_steps), self.power)
+        return self.base_lr
+
+
+class CosineScheduler(LRScheduler):
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        if num_update <= self.max_update:
+            self.base_lr = self.final_lr + (self.base_lr_orig - self.final_lr) * \
+                (1 + math.cos(math.pi * (num_update - self.warmup_steps) / self.max_steps)) / 2
+        return self.base_lr
+
+
+# --------------------------------------------------------------------------------------
+# Optimizers. Instances are only created by unpickling; the state is mxnet's __dict__.
+# --------------------------------------------------------------------------------------
+class Optimizer:
+    """The base class. Subclasses implement num_states() and _step()."""
+    name = 'optimizer'
+
+    def __setstate__(self, state):
+        if not isinstance(state, dict):
+            raise UnsafePickleError('optimizer state is not a dict')
+        self.__dict__.update(state)
+        self.param_dict = {}
+        # mxnet's Updater calls _set_current_context(weight.context.device_id); the server is cpu(0)
+        self._index_update_count = self._all_index_update_counts.setdefault(0, {})
+
+    # -- the interface the server uses --
+    def num_states(self):
+        return 0
+
+    def init_states(self, weight):
+        return [np.zeros(weight.shape, dtype=np.float32) for _ in range(self.num_states())]
+
+    def update(self, key, weight, grad, states, *, row_sparse=False):
+        """Apply one optimizer step to `weight` and `states`, in place.
+
+        Set `row_sparse=True` when `weight`/`grad`/`states` are the gathered rows of a
+        row_sparse key. A few kernels (SGD without momentum under aggregation, Adam with
+        clip_gradient, AdaGrad) round differently in MXNet's row_sparse path. Setting the
+        flag copies that rounding bit for bit.
+        """
+        w = weight if weight.dtype == np.float32 else weight.astype(np.float32)
+        g = np.asarray(grad, dtype=np.float32)
+        self._step(key, w, g, states, row_sparse)
+        if w is not weight:
+            weight[...] = w
+
+    # -- mxnet.optimizer.Optimizer bookkeeping --
+    def _update_count(self, index):
+        if index not in self._index_update_count:
+            self._index_update_count[index] = self.begin_num_update
+        self._index_update_count[index] += 1
+        self.num_update = max(self._index_update_count[index], self.num_update)
+
+    def _get_lr(self, index):
+        lr = self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
+        if index in self.lr_mult:
+            lr *= self.lr_mult[index]
+        elif index in self.idx2name:
+            lr *= self.lr_mult.get(self.idx2name[index], 1.0)
+        return lr
+
+    def _get_wd(self, index):
+        wd = self.wd
+        if index in self.wd_mult:
+            wd *= self.wd_mult[index]
+        elif index in self.idx2name:
+            wd *= self.wd_mult.get(self.idx2name[index], 1.0)
+        return wd
+
+    def _clip_param(self):
+        """The clip_gradient kernel argument (-1 = off; mxnet passes it only when truthy)."""
+        return _op_f32(self.clip_gradient) if self.clip_gradient else _NO_CLIP
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        raise NotImplementedError
+
+
+def _sgd_step_term(lr, rescale, clip, grad):
+    """The `lr * clip(rescale * grad)` term shared by the SGD-family kernels."""
+    if clip >= 0:
+        return lr * _clip(rescale * grad, clip)
+    return (lr * rescale) * grad
+
+
+def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
+    """sgd_update (SGDKernel / SGDDnsRspKernel)."""
+    weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
+
+
+class SGD(Optimizer):
+    name = 'sgd'
+
+    def num_states(self):
+        return 1 if self.momentum != 0.0 else 0
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        # Dense keys go through multi_sgd[_mom]_update when aggregate_num > 0 (mxnet's Updater
+        # default). row_sparse keys use sgd[_mom]_update.
+        multi = self.aggregate_num > 0 and not row_sparse
+        to_f32 = _tuple_f32 if multi else _op_f32
+        lr, wd = to_f32(lr), to_f32(wd)
+        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
+        if not states and not multi:
+            _sgd_kernel(weight, grad, lr, wd, rescale, clip)
+            return
+        # SGDMomKernel / MultiSGDKernel: mom = m*mom - lr*wd*w - lr*g; w = w + mom
+        momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
+        prev = momentum * states[0] if states else _f32(0)
+        mom = prev - (lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
+        if states:
+            states[0][...] = mom
+        weight += mom
+
+
+class NAG(Optimizer):
+    name = 'nag'
+
+    def num_states(self):
+        return 1 if self.momentum != 0.0 else 0
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
+        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
+        if not states:
+            _sgd_kernel(weight, grad, lr, wd, rescale, clip)
+            return
+        momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
+        g = _clip(rescale * grad, clip) if clip >= 0 else rescale * grad
+        mom = states[0]
+        mom *= momentum
+        weight[...] = (weight - mom) + (momentum + _ONE) * (mom - lr * (g + wd * weight))
+        # NAGMomKernel writes out (== weight, in place) before this line, so it reads the new weight
+        mom[...] = mom - lr * (g + wd * weight)
+
+
+class Signum(Optimizer):
+    name = 'signum'
+
+    def num_states(self):
+        return 1 if self.momentum != 0.0 else 0
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
+        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
+        if not states:   # signsgd_update: rescale, clip and wd_lh have no effect
+            weight[...] = (_ONE - lr * wd) * weight - lr * _sign(grad)
+            return
+        momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
+        wd_lh = _op_f32(self.wd_lh) if self.wd_lh else _f32(0)
+        one_m = _ONE - momentum
+        if clip >= 0:
+            g = one_m * _clip(rescale * grad, clip)
+        else:
+            g = (one_m * rescale) * grad
+        mom = states[0]
+        mom[...] = momentum * mom - (one_m * wd) * weight - g
+        weight[...] = (_ONE - lr * wd_lh) * weight + lr * _sign(mom)
+
+
+class Adam(Optimizer):
+    name = 'adam'
+
+    def num_states(self):
+        return 2
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), _op_f32(self._get_wd(index))
+        t = self._index_update_count[index]
+        lr = _op_f32(lr * (math.sqrt(1. - self.beta2 ** t) / (1. - self.beta1 ** t)))
+        beta1, beta2 = _op_f32(self.beta1), _op_f32(self.beta2)
+        eps, rescale, clip = _op_f32(self.epsilon), _op_f32(self.rescale_grad), self._clip_param()
+        mean, var = states
+        g = grad * rescale + weight * wd
+        if clip >= 0:
+            g = _clip(g, clip)
+        mean[...] = beta1 * mean + (_ONE - beta1) * g
+        if clip >= 0 and row_sparse:   # AdamDnsRspDnsKernel<cpu> squares the clipped gradient first
+            var[...] = beta2 * var + (_ONE - beta2) * (g * g)
+        else:
+            var[...] = beta2 * var + ((_ONE - beta2) * g) * g
+        weight[...] = weight - (lr * mean) / (np.sqrt(var) + eps)
+
+
+class AdaGrad(Optimizer):
+    name = 'adagrad'
+
+    def num_states(self):
+        return 1
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        history = states[0]
+        if row_sparse and wd == 0:   # sparse adagrad_update kernel (it refuses wd != 0)
+            g = grad * _op_f32(self.rescale_grad)
+            clip = self._clip_param()
+            if clip >= 0:
+                g = _clip(g, clip)
+            history += g * g
+            weight[...] = weight - (g / np.sqrt(history + _op_f32(self.float_stable_eps))) * _op_f32(lr)
+            return
+        # the dense path is a sequence of NDArray ops in optimizer.py
+        g = grad * _scalar_f32(self.rescale_grad)
+        if self.clip_gradient is not None:
+            g = np.clip(g, _op_f32(-self.clip_gradient), _op_f32(self.clip_gradient))
+        history += g * g
+        div = g / np.sqrt(history + _scalar_f32(self.float_stable_eps))
+        weight += (div + weight * _scalar_f32(wd)) * _scalar_f32(-lr)
+
+
+class RMSProp(Optimizer):
+    name = 'rmsprop'
+
+    def num_states(self):
+        return 3 if self.centered else 1
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
+        gamma1, eps = _op_f32(self.gamma1), _op_f32(self.epsilon)
+        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
+        clip_weights = _op_f32(self.clip_weights) if self.clip_weights else _NO_CLIP
+        g = rescale * grad + wd * weight
+        if clip >= 0:
+            g = _clip(g, clip)
+        if not self.centered:   # RMSPropUpdateKernel
+            n = states[0]
+            n[...] = (_ONE - gamma1) * (g * g) + gamma1 * n
+            new = weight - lr * (g / np.sqrt(n + eps))
+        else:                   # RMSPropAlexUpdateKernel
+            gamma2 = _op_f32(self.gamma2)
+            n, g_avg, delta = states
+            n[...] = ((_ONE - gamma1) * g) * g + gamma1 * n
+            g_avg[...] = (_ONE - gamma1) * g + gamma1 * g_avg
+            delta[...] = gamma2 * delta - (lr * g) / np.sqrt(n - g_avg * g_avg + eps)
+            new = weight + delta
+        weight[...] = _clip(new, clip_weights) if clip_weights >= 0 else new
+
+
+class Ftrl(Optimizer):
+    name = 'ftrl'
+
+    def num_states(self):
+        return 2
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        self._update_count(index)
+        wd, lr = _op_f32(self._get_wd(index)), _op_f32(self._get_lr(index))
+        lamda1, beta = _op_f32(self.lamda1), _op_f32(self.beta)
+        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
+        z, n = states
+        g = grad * rescale
+        if clip >= 0:
+            g = _clip(g, clip)
+        z += g - ((np.sqrt(n + g * g) - np.sqrt(n)) * weight) / lr
+        n += g * g
+        weight[...] = ((_sign(z) * lamda1 - z) / ((beta + np.sqrt(n)) / lr + wd)
+                       * (np.abs(z) > lamda1).astype(np.float32))
+
+
+class Test(Optimizer):
+    """mxnet's Test optimizer: weight += grad * rescale_grad; state = weight. It keeps no update count."""
+    name = 'test'
+
+    def num_states(self):
+        return 1
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        weight += grad * _scalar_f32(self.rescale_grad)
+        states[0][...] = weight
+
+
+# --------------------------------------------------------------------------------------
+# Restricted unpickling.
+# --------------------------------------------------------------------------------------
+_OPTIMIZER_MODULE = 'mxnet.optimizer.optimizer'
+_SCHEDULER_MODULE = 'mxnet.lr_scheduler'
+_CLASSES = {(_OPTIMIZER_MODULE, c.__name__): c
+            for c in (SGD, NAG, Signum, Adam, AdaGrad, Ftrl, RMSProp, Test)}
+_CLASSES.update({(_SCHEDULER_MODULE, c.__name__): c
+                 for c in (FactorScheduler, MultiFactorScheduler, PolyScheduler, CosineScheduler)})
+# The other optimizer/scheduler classes in mxnet 1.9.1.
+_KNOWN_UNSUPPORTED = {
+    _OPTIMIZER_MODULE: {'Optimizer', 'FTML', 'LARS', 'LBSGD', 'LAMB', 'DCASGD', 'SGLD',
+                        'ccSGD', 'AdaDelta', 'Adamax', 'Nadam'},
+    'mxnet.optimizer.contrib': {'GroupAdaGrad'},
+    _SCHEDULER_MODULE: {'LRScheduler'},
+}
+
+
+def _reconstruct(cls, base, state):
+    """A safe stand-in for copyreg._reconstructor, for the form protocol 0 emits for plain classes."""
+    if cls not in _CLASSES.values() or base is not object or state is not None:
+        raise UnsafePickleError('unexpected copy_reg._reconstructor arguments')
+    return object.__new__(cls)
+
+
+_GLOBALS = {
+    ('copy_reg', '_reconstructor'): _reconstruct,
+    ('copyreg', '_reconstructor'): _reconstruct,
+    ('__builtin__', 'object'): object,
+    ('builtins', 'object'): object,
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        key = (module, name)
+        if key in _GLOBALS:
+            return _GLOBALS[key]
+        if key in _CLASSES:
+            return _CLASSES[key]
+        if name in _KNOWN_UNSUPPORTED.get(module, ()):
+            raise UnsupportedOptimizerError(f'unsupported mxnet optimizer class {module}.{name}')
+        raise UnsafePickleError(f'refusing to unpickle global {module}.{name}')
+
+    def persistent_load(self, pid):
+        raise UnsafePickleError('persistent ids are not allowed')
+
+
+def load_optimizer(body):
+    """Rebuild the optimizer from the body of the kController command, `pickle.dumps(opt, 0)`."""
+    if isinstance(body, str):
+        body = body.encode('latin-1')
+    try:
+        obj = _RestrictedUnpickler(io.BytesIO(bytes(body))).load()
+    except (UnsafePickleError, UnsupportedOptimizerError):
+        raise
+    except Exception as exc:  # malformed pickle: any failure of the unpickler
+        raise UnsafePickleError(f'malformed optimizer pickle: {exc!r}') from exc
+    if not isinstance(obj, Optimizer):
+        raise UnsafePickleError(f'pickle holds {type(obj).__name__}, not an mxnet optimizer')
+    return obj

@@ -1,0 +1,97 @@
+"""ps-lite messages as frames: identity parsing, meta + data frames, and the KV data payload (keys/vals/lens).
+
+Owns: :class:`Message`, turning ZeroMQ multipart frames into one and back, and splitting the data frames of a
+KV request into typed numpy arrays.
+Does not own: sockets (``transport``) or what a request means (``server``).
+
+A ROUTER socket sees ``[identity, meta, data0, data1, ...]``; the identity is the sender DEALER's ``ZMQ_IDENTITY``,
+``"ps" + decimal(node id)``. Anything else (ZMQ's auto identity included) is sender kEmpty, which the scheduler
+uses to tell a new registration (ps-lite ``ZMQVan::GetNodeID``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ProtocolError
+from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, EMPTY, Meta, decode_meta, encode_meta
+
+
+def parse_identity(identity: bytes) -> int:
+    """Node id of a ROUTER identity frame, or EMPTY if it is not ``ps<digits>``."""
+    if len(identity) > 2 and identity[:2] == b"ps" and identity[2:].isdigit():
+        try:
+            return int(identity[2:])
+        except ValueError:  # pragma: no cover - isdigit() admits some non-ASCII digits
+            return EMPTY
+    return EMPTY
+
+
+def identity_of(node_id: int) -> bytes:
+    return b"ps%d" % node_id
+
+
+@dataclass
+class Message:
+    meta: Meta
+    data: list[bytes] = field(default_factory=list)
+    sender: int = EMPTY
+
+    def to_frames(self) -> list[bytes]:
+        """Frames for a DEALER send: meta first, then the data frames; data_type is filled in here."""
+        if len(self.meta.data_type) != len(self.data):
+            raise ValueError("data_type must list one type per data frame")
+        return [encode_meta(self.meta)] + [bytes(d) if not isinstance(d, (bytes, memoryview)) else d
+                                           for d in self.data]
+
+    @classmethod
+    def from_frames(cls, frames: list) -> "Message":
+        """Parse ``[identity, meta, data...]`` as a ROUTER receives it."""
+        if len(frames) < 2:
+            raise ProtocolError(f"a message needs an identity and a meta frame, got {len(frames)} frame(s)")
+        sender = parse_identity(bytes(frames[0]))
+        meta = decode_meta(bytes(frames[1]))
+        return cls(meta=meta, data=[memoryview(f) if not isinstance(f, bytes) else f for f in frames[2:]],
+                   sender=sender)
+
+
+@dataclass
+class KVPairs:
+    """The data of a KV request or response: ``keys`` (uint64), ``vals`` (raw bytes), ``lens`` (int32, may be empty)."""
+
+    keys: np.ndarray
+    vals: bytes
+    lens: np.ndarray
+
+    def frames(self) -> tuple[list[bytes], list[int]]:
+        """Data frames and their data_type codes as KVServer::Response/KVWorker::Send lay them out."""
+        if len(self.keys) == 0:
+            return [], []
+        data = [self.keys.astype("<u8", copy=False).tobytes(), bytes(self.vals)]
+        types = [DT_UINT64, DT_OTHER]
+        if len(self.lens):
+            data.append(self.lens.astype("<i4", copy=False).tobytes())
+            types.append(DT_INT32)
+        return data, types
+
+
+def decode_kv(data: list) -> KVPairs:
+    """Split a KV message's data frames (ps-lite KVServer::Process checks) into typed arrays."""
+    if not data:
+        return KVPairs(np.zeros(0, np.uint64), b"", np.zeros(0, np.int32))
+    if len(data) not in (2, 3):
+        raise ProtocolError(f"a KV message has 2 or 3 data frames, got {len(data)}")
+    raw_keys, vals = bytes(data[0]), data[1]
+    if len(raw_keys) % 8:
+        raise ProtocolError(f"keys frame of {len(raw_keys)} bytes is not a whole number of uint64")
+    keys = np.frombuffer(raw_keys, dtype="<u8")
+    lens = np.zeros(0, np.int32)
+    if len(data) == 3:
+        raw_lens = bytes(data[2])
+        if len(raw_lens) % 4:
+            raise ProtocolError(f"lens frame of {len(raw_lens)} bytes is not a whole number of int32")
+        lens = np.frombuffer(raw_lens, dtype="<i4")
+        if len(lens) != len(keys):
+            raise ProtocolError(f"{len(lens)} lens for {len(keys)} keys")
+    return KVPairs(keys, vals, lens)

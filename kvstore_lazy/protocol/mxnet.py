@@ -1,0 +1,104 @@
+"""MXNet 1.9.1's use of ps-lite: request types x dtypes in the data head, SimpleApp command heads, server key ranges
+and how the worker splits keys over servers (src/kvstore/kvstore_dist.h, kvstore_dist_server.h).
+
+Owns: pure arithmetic on these encodings. No I/O, no mxnet import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ProtocolError
+
+# enum class RequestType
+DEFAULT, ROW_SPARSE, COMPRESSED = 0, 1, 2
+REQUEST_NAMES = {DEFAULT: "default", ROW_SPARSE: "row_sparse", COMPRESSED: "compressed"}
+
+# enum class CommandType (SimpleApp heads)
+CONTROLLER, SET_MULTI_PRECISION, STOP_SERVER, SYNC_MODE, SET_GRADIENT_COMPRESSION, SET_PROFILER_PARAMS = range(6)
+# kvstore_lazy's own SimpleApp heads; stock servers answer unknown heads and ignore them.
+LAZY_DECLARE, LAZY_STATS, LAZY_ROWS, LAZY_SNAPSHOT = 100, 101, 102, 103
+
+# mshadow type flags -> numpy dtypes (only the types MXNet's server switch admits, MSHADOW_REAL_TYPE_SWITCH,
+# plus the integer ones a default push may carry).
+MSHADOW_DTYPES = {
+    0: np.dtype("<f4"), 1: np.dtype("<f8"), 2: np.dtype("<f2"), 3: np.dtype("u1"), 4: np.dtype("<i4"),
+    5: np.dtype("i1"), 6: np.dtype("<i8"),
+}
+DTYPE_FLAGS = {dt: flag for flag, dt in MSHADOW_DTYPES.items()}
+FLOAT32 = 0
+KMAX_KEY = (1 << 64) - 1
+
+
+def command_code(request_type: int, dtype_flag: int) -> int:
+    """MXNet's GetCommandType: the Cantor pairing of (request type, mshadow dtype)."""
+    s = request_type + dtype_flag
+    return s * (s + 1) // 2 + dtype_flag
+
+
+@dataclass(frozen=True)
+class DataCommand:
+    request_type: int
+    dtype_flag: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        return MSHADOW_DTYPES[self.dtype_flag]
+
+
+def decode_command(code: int) -> DataCommand:
+    """Invert command_code; unknown request types or dtypes raise ProtocolError."""
+    if code < 0:
+        raise ProtocolError(f"negative data command {code}")
+    w = (math.isqrt(8 * code + 1) - 1) // 2
+    dtype_flag = code - w * (w + 1) // 2
+    request_type = w - dtype_flag
+    if request_type not in REQUEST_NAMES:
+        raise ProtocolError(f"data command {code}: unknown request type {request_type}")
+    if dtype_flag not in MSHADOW_DTYPES:
+        raise ProtocolError(f"data command {code}: unsupported dtype flag {dtype_flag}")
+    return DataCommand(request_type, dtype_flag)
+
+
+def server_key_begin(rank: int, num_servers: int) -> int:
+    """First key of server `rank`'s range (Postoffice::GetServerKeyRanges)."""
+    return (KMAX_KEY // num_servers) * rank
+
+
+def server_key_end(rank: int, num_servers: int) -> int:
+    return (KMAX_KEY // num_servers) * (rank + 1)
+
+
+def c_round(x: float) -> int:
+    """C's round(): half away from zero (Python's round() is half to even)."""
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+
+
+def dense_partition(num_elements: int, num_servers: int, server: int) -> tuple[int, int]:
+    """(offset, size) in elements of a big dense array's part on `server` (EncodeDefaultKey)."""
+    start = c_round(num_elements / num_servers * server)
+    end = c_round(num_elements / num_servers * (server + 1))
+    return start, end - start
+
+
+def row_partition(total_rows: int, num_servers: int, server: int) -> tuple[int, int]:
+    """(first global row, number of rows) of a partitioned row_sparse key's part on `server` (EncodeRowSparseKey
+    uses llround, which is also half away from zero)."""
+    start = c_round(total_rows / num_servers * server)
+    end = c_round(total_rows / num_servers * (server + 1))
+    return start, end - start
+
+
+def is_partitioned(num_elements: int, bigarray_bound: int) -> bool:
+    return num_elements >= bigarray_bound
+
+
+def dense_home_server(key: int, num_servers: int) -> int:
+    """The server of an unpartitioned key: ``(key * 9973) % S`` computed in C int (wraps for key > 215326)."""
+    product = (key * 9973) & 0xFFFFFFFF
+    if product & 0x80000000:
+        product -= 1 << 32
+    # C++ % truncates toward zero; a negative product gives a negative index, which MXNet never hits in practice.
+    return int(math.fmod(product, num_servers))

@@ -1,0 +1,595 @@
+"""What the parameter server does with each request: MXNet's KVStoreDistServer, row for row, plus lazy row tables.
+
+Owns: the stored values (dense tensors and row tables), dist_sync merge rounds, dist_async updates, the SimpleApp
+commands, and the replies each request gets. Sans-IO: :meth:`KVServer.handle` takes one decoded :class:`Message`
+and returns the messages to send; no sockets, threads or clocks here.
+
+Behaviour follows src/kvstore/kvstore_dist_server.h of MXNet 1.9.1:
+- the first push to a key is its init: stored as sent, answered at once, no optimizer;
+- dist_sync: pushes are merged until NUM_WORKER *requests* (not distinct workers) arrived, then the updater runs
+  (or, with no optimizer, stored = merged) and every buffered request is answered; pulls are answered at once with
+  the current value, even mid-round;
+- dist_async: every push is applied at once;
+- multi-precision: keys whose dtype is not float32 keep a float32 master copy; merging and updates run on it.
+Where the stock server CHECK-fails on a peer's input we log one line (sender, key, reason), leave stored values
+untouched, answer so nobody hangs, and make that worker's next pull of the key fail loudly (a reply whose size the
+worker's KVWorker checks and rejects), since a push reply carries nothing a worker could check.
+
+Deliberate differences from the stock server (each a stock bug or crash):
+- row_sparse push with no optimizer writes the merged rows at their row ids (stock writes them into the first rows);
+- a row_sparse init push with zero rows is accepted for declared (lazy) keys;
+- row ids are 64-bit (stock truncates them to int).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..compression import Compression, CompressionError, dequantize_2bit
+from ..initializers import InitializerError, RowInitializer, parse_initializer
+from ..optimizers import Optimizer, UnsafePickleError, UnsupportedOptimizerError, load_optimizer
+from ..protocol import ProtocolError
+from ..protocol import mxnet as mx
+from ..protocol.message import KVPairs, Message, decode_kv
+from ..protocol.pbmeta import EMPTY, Meta
+from ..store.rows import RowTable
+
+log = logging.getLogger("kvstore_lazy.server")
+
+MATERIALIZE_ON_TOUCH = "touch"   # first pull or push creates the row
+MATERIALIZE_ON_PUSH = "push"     # pulls of absent rows get computed initial values, only pushes store rows
+
+
+class BadRequest(Exception):
+    """A request this server refuses; the message says why (logged with sender and key)."""
+
+    def __init__(self, key, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+
+
+def node_name(node_id: int) -> str:
+    if node_id == EMPTY:
+        return "an unidentified node"
+    if node_id == 1:
+        return "the scheduler"
+    role = "server" if node_id % 2 == 0 else "worker"
+    return f"{role} {max((node_id - 8) // 2, 0)} (node {node_id})"
+
+
+@dataclass
+class Request:
+    sender: int
+    meta: Meta
+
+
+@dataclass
+class DenseEntry:
+    dtype: np.dtype
+    value: np.ndarray                        # in the key's dtype: what pulls return
+    master: np.ndarray | None = None         # float32 master copy under multi-precision
+    merged: np.ndarray | None = None
+    requests: list[Request] = field(default_factory=list)
+    states: list[np.ndarray] | None = None   # optimizer states, created at the first update
+
+    @property
+    def stored(self) -> np.ndarray:
+        """The array updates run on (store_realt_ under multi-precision, else store_)."""
+        return self.master if self.master is not None else self.value
+
+    def publish(self) -> None:
+        if self.master is not None:
+            self.value[...] = self.master.astype(self.dtype)
+
+
+@dataclass
+class LazySpec:
+    """What a worker declared for a lazy row_sparse key (command LAZY_DECLARE)."""
+
+    key: int
+    total_rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    init: str
+    seed: int
+    bound: int
+    initializer: RowInitializer
+
+    @property
+    def row_size(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.total_rows,) + self.row_shape
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "rows": self.total_rows, "row_shape": list(self.row_shape),
+                "dtype": self.dtype.name, "init": self.init, "seed": self.seed, "bound": self.bound}
+
+    @classmethod
+    def from_json(cls, body: dict) -> "LazySpec":
+        try:
+            row_shape = tuple(int(d) for d in body["row_shape"])
+            spec = cls(key=int(body["key"]), total_rows=int(body["rows"]), row_shape=row_shape,
+                       dtype=np.dtype(body.get("dtype", "float32")), init=str(body["init"]),
+                       seed=int(body.get("seed", 0)), bound=int(body.get("bound", 1_000_000)),
+                       initializer=parse_initializer(str(body["init"])))
+        except InitializerError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad lazy declaration {body!r}: {exc}") from exc
+        if spec.total_rows <= 0 or spec.row_size <= 0 or spec.dtype not in mx.DTYPE_FLAGS:
+            raise ValueError(f"bad lazy declaration {body!r}: rows, row shape and dtype must be positive/supported")
+        return spec
+
+
+@dataclass
+class SparseEntry:
+    dtype: np.dtype                          # the key's dtype (what the wire carries)
+    row_size: int                            # elements per row ("unit_len")
+    table: RowTable                          # rows in float32 under multi-precision, else in `dtype`
+    local_rows: int                          # rows this server holds the range of (local ids < local_rows)
+    row_offset: int = 0                      # global row id of local row 0 (partitioned keys)
+    spec: LazySpec | None = None
+    merged_ids: np.ndarray | None = None     # sync round buffer: sorted local row ids ...
+    merged_vals: np.ndarray | None = None    # ... and their summed gradients
+    requests: list[Request] = field(default_factory=list)
+
+    def initial_rows(self, key: int, global_ids: np.ndarray) -> np.ndarray:
+        assert self.spec is not None
+        return self.spec.initializer.rows(self.spec.seed, key, global_ids, self.spec.shape,
+                                          self.table.dtype).reshape(len(global_ids), self.row_size)
+
+
+class KVServer:
+    def __init__(self, rank: int, num_servers: int, num_workers: int,
+                 materialize: str = MATERIALIZE_ON_TOUCH) -> None:
+        if materialize not in (MATERIALIZE_ON_TOUCH, MATERIALIZE_ON_PUSH):
+            raise ValueError(f"materialize must be {MATERIALIZE_ON_TOUCH!r} or {MATERIALIZE_ON_PUSH!r}")
+        self.rank = rank
+        self.num_servers = num_servers
+        self.num_workers = num_workers
+        self.materialize = materialize
+        self.key_begin = mx.server_key_begin(rank, num_servers)
+        self.key_end = mx.server_key_end(rank, num_servers)
+        self.sync_mode = False
+        self.multi_precision = False
+        self.compression = Compression()
+        self.optimizer: Optimizer | None = None
+        self.dense: dict[int, DenseEntry] = {}
+        self.sparse: dict[int, SparseEntry] = {}
+        self.specs: dict[int, LazySpec] = {}
+        self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
+        self.stopped = False
+        self.bad_requests = 0
+
+    # ------------------------------------------------------------------------------------------------------------
+    # entry point
+
+    def handle(self, msg: Message) -> list[tuple[int, Message]]:
+        """Process one request; return (recipient node id, message) pairs to send, in order."""
+        if msg.sender == EMPTY:
+            log.error("dropping a request from an unidentified node (no ps<id> identity): head %s", msg.meta.head)
+            return []
+        if msg.meta.simple_app:
+            return self._command(msg)
+        try:
+            kv = decode_kv(msg.data)
+            command = mx.decode_command(msg.meta.head)
+        except ProtocolError as exc:
+            return self._reject(msg, None, str(exc))
+        try:
+            if command.request_type == mx.ROW_SPARSE:
+                return self._row_sparse(msg, command, kv)
+            if command.request_type == mx.COMPRESSED:
+                return self._compressed(msg, command, kv)
+            return self._default(msg, command, kv)
+        except BadRequest as exc:
+            return self._reject(msg, exc.key, exc.reason, kv)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # replies
+
+    @staticmethod
+    def _reply(req: Request, kv: KVPairs | None = None) -> tuple[int, Message]:
+        """KVServer::Response: echo head/timestamp/customer/push/pull; data only when there are keys."""
+        meta = Meta(head=req.meta.head, app_id=0, customer_id=req.meta.customer_id, timestamp=req.meta.timestamp,
+                    request=False, push=req.meta.push, pull=req.meta.pull)
+        data: list[bytes] = []
+        if kv is not None:
+            data, meta.data_type = kv.frames()
+        return req.sender, Message(meta, data)
+
+    def _reject(self, msg: Message, key, reason: str, kv: KVPairs | None = None) -> list[tuple[int, Message]]:
+        """Log, then answer so the worker is not left waiting. A pull gets its keys back with no values, which the
+        worker's KVWorker rejects (its buffer size check) instead of using wrong values."""
+        self.bad_requests += 1
+        log.error("bad request from %s, key %s: %s", node_name(msg.sender), key if key is not None else "?", reason)
+        req = Request(msg.sender, msg.meta)
+        if key is not None and msg.meta.push:
+            self.poisoned.add((msg.sender, key))
+        if msg.meta.pull and kv is not None and len(kv.keys):
+            return [self._reply(req, KVPairs(kv.keys, b"", np.zeros(len(kv.keys), np.int32)))]
+        return [self._reply(req)]
+
+    def _check_poison(self, sender: int, key: int) -> None:
+        if (sender, key) in self.poisoned:
+            self.poisoned.discard((sender, key))
+            raise BadRequest(key, "an earlier push of this key from this worker was rejected (see above); "
+                                  "failing this pull so the worker does not train on wrong values")
+
+    def _decode_key(self, raw: int) -> int:
+        if not self.key_begin <= raw < self.key_end:
+            raise BadRequest(raw, f"key {raw} is outside this server's key range "
+                                  f"[{self.key_begin}, {self.key_end})")
+        return raw - self.key_begin
+
+    # ------------------------------------------------------------------------------------------------------------
+    # SimpleApp commands
+
+    def _command(self, msg: Message) -> list[tuple[int, Message]]:
+        head, body = msg.meta.head, bytes(msg.meta.body)
+        reply_body = b""
+        try:
+            if head == mx.STOP_SERVER:
+                self.stopped = True
+            elif head == mx.SYNC_MODE:
+                self.sync_mode = True
+            elif head == mx.CONTROLLER:
+                self._set_optimizer(body)
+            elif head == mx.SET_MULTI_PRECISION:
+                self._set_multi_precision()
+            elif head == mx.SET_GRADIENT_COMPRESSION:
+                self.compression = Compression.parse(body)
+            elif head == mx.SET_PROFILER_PARAMS:
+                log.info("ignoring profiler command from %s (no MXNet profiler in this server)",
+                         node_name(msg.sender))
+            elif head == mx.LAZY_DECLARE:
+                self.declare(LazySpec.from_json(json.loads(body)))
+            elif head == mx.LAZY_STATS:
+                reply_body = json.dumps(self.stats()).encode()
+                log.info("stats: %s", reply_body.decode())
+            else:
+                log.info("ignoring unknown command %d from %s", head, node_name(msg.sender))
+        except (UnsafePickleError, UnsupportedOptimizerError, CompressionError, InitializerError, ValueError) as exc:
+            self.bad_requests += 1
+            log.error("bad command %d from %s: %s", head, node_name(msg.sender), exc)
+        meta = Meta(head=head, body=reply_body, timestamp=msg.meta.timestamp, request=False, simple_app=True,
+                    app_id=0, customer_id=msg.meta.customer_id)
+        return [(msg.sender, Message(meta))]
+
+    def _set_optimizer(self, body: bytes) -> None:
+        # The stock server builds a fresh Updater per kController, so optimizer states start over.
+        optimizer = load_optimizer(body)
+        self.optimizer = optimizer
+        for entry in self.dense.values():
+            entry.states = None
+        for entry in self.sparse.values():
+            entry.table.set_num_states(optimizer.num_states())
+        log.info("optimizer set: %s", optimizer.name)
+
+    def _set_multi_precision(self) -> None:
+        """kSetMultiPrecision: float32 master copies for keys already stored (CreateMultiPrecisionCopies)."""
+        if self.multi_precision:
+            return
+        for key, entry in self.dense.items():
+            if entry.requests:
+                raise ValueError(f"multi-precision cannot be set while pushes of key {key} are underway")
+        self.multi_precision = True
+        for entry in self.dense.values():
+            if entry.dtype != np.float32:
+                entry.master = entry.value.astype(np.float32)
+                entry.merged = None
+        for entry in self.sparse.values():
+            if entry.dtype != np.float32 and entry.table.dtype != np.float32:
+                entry.table = _retyped(entry.table, np.float32)
+                entry.merged_ids = entry.merged_vals = None
+
+    def declare(self, spec: LazySpec) -> None:
+        known = self.specs.get(spec.key)
+        if known is not None:
+            if known.shape != spec.shape or known.dtype != spec.dtype:
+                raise ValueError(f"key {spec.key} already declared with shape {known.shape} {known.dtype.name}, "
+                                 f"not {spec.shape} {spec.dtype.name}")
+            if known.to_json() != spec.to_json():
+                log.warning("key %d re-declared with another initializer or seed; keeping the first", spec.key)
+            return
+        self.specs[spec.key] = spec
+        log.info("lazy key %d declared: %s rows x %s %s, init %s, seed %d", spec.key, spec.total_rows,
+                 spec.row_shape, spec.dtype.name, spec.init, spec.seed)
+
+    def _storage_dtype(self, dtype: np.dtype) -> np.dtype:
+        return np.dtype(np.float32) if self.multi_precision and dtype != np.float32 else dtype
+
+    def _new_states(self, weight: np.ndarray) -> list[np.ndarray]:
+        assert self.optimizer is not None
+        return self.optimizer.init_states(weight)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # dense keys (DataHandleDefault)
+
+    def _default(self, msg: Message, command: mx.DataCommand, kv: KVPairs) -> list[tuple[int, Message]]:
+        req = Request(msg.sender, msg.meta)
+        if len(kv.keys) != 1:
+            raise BadRequest(None, f"a default request carries exactly one key, got {len(kv.keys)}")
+        key = self._decode_key(int(kv.keys[0]))
+        if not msg.meta.push:
+            return [self._dense_pull_reply(req, key, kv)]
+        if len(kv.lens) != 1 or len(kv.vals) != int(kv.lens[0]):
+            raise BadRequest(key, f"push of {len(kv.vals)} value bytes with lens {kv.lens.tolist()}")
+        if len(kv.vals) % command.dtype.itemsize:
+            raise BadRequest(key, f"{len(kv.vals)} bytes is not a whole number of {command.dtype.name}")
+        recved = np.frombuffer(kv.vals, dtype=command.dtype)
+        return self._dense_push(req, key, command.dtype, recved, kv)
+
+    def _dense_push(self, req: Request, key: int, dtype: np.dtype, recved: np.ndarray,
+                    kv: KVPairs) -> list[tuple[int, Message]]:
+        entry = self.dense.get(key)
+        if entry is None:
+            if key in self.sparse:
+                raise BadRequest(key, "dense push to a row_sparse key")
+            entry = DenseEntry(dtype=dtype, value=recved.copy())
+            if self.multi_precision and dtype != np.float32:
+                entry.master = recved.astype(np.float32)
+            self.dense[key] = entry
+            return [self._reply(req)]
+        if dtype != entry.dtype or recved.size != entry.value.size:
+            raise BadRequest(key, f"push of {recved.size} {dtype.name} values to a key of {entry.value.size} "
+                                  f"{entry.dtype.name}")
+        grad = recved.astype(np.float32) if entry.master is not None else recved
+        if self.sync_mode:
+            if not entry.requests:
+                entry.merged = grad.copy()
+            else:
+                entry.merged += grad
+            entry.requests.append(req)
+            if len(entry.requests) < self.num_workers:
+                return []
+            grad, requests = entry.merged, entry.requests
+            entry.requests = []
+        else:
+            requests = [req]
+            if self.optimizer is None:
+                raise BadRequest(key, "dist_async push with no optimizer set (the stock server aborts: "
+                                      "'Updater needs to be set for async mode')")
+        self._apply_dense(key, entry, grad)
+        return [self._reply(r, self._dense_kv(entry, r, kv) if r.meta.pull else None) for r in requests]
+
+    def _apply_dense(self, key: int, entry: DenseEntry, grad: np.ndarray) -> None:
+        if self.optimizer is None:
+            entry.stored[...] = grad
+        else:
+            if entry.states is None:
+                entry.states = self._new_states(entry.stored)
+            self.optimizer.update(key, entry.stored, grad, entry.states)
+        entry.publish()
+
+    def _dense_kv(self, entry: DenseEntry, req: Request, kv: KVPairs) -> KVPairs:
+        payload = entry.value.tobytes()
+        return KVPairs(kv.keys, payload, np.array([len(payload)], np.int32))
+
+    def _dense_pull_reply(self, req: Request, key: int, kv: KVPairs) -> tuple[int, Message]:
+        entry = self.dense.get(key)
+        if entry is None:
+            raise BadRequest(key, "pull of a key that was never initialized (init it first)")
+        self._check_poison(req.sender, key)
+        return self._reply(req, self._dense_kv(entry, req, kv))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # 2-bit compressed pushes (DataHandleCompressed)
+
+    def _compressed(self, msg: Message, command: mx.DataCommand, kv: KVPairs) -> list[tuple[int, Message]]:
+        req = Request(msg.sender, msg.meta)
+        if command.dtype_flag != mx.FLOAT32:
+            raise BadRequest(None, "gradient compression is supported for float32 only")
+        if not msg.meta.push:
+            if len(kv.keys) != 1:
+                raise BadRequest(None, f"a compressed pull carries one key, got {len(kv.keys)}")
+            return [self._dense_pull_reply(req, self._decode_key(int(kv.keys[0])), kv)]
+        if len(kv.keys) != 2 or len(kv.lens) != 2 or len(kv.vals) != int(kv.lens[1]):
+            raise BadRequest(None, f"a compressed push carries 2 keys and 2 lens matching the values, got "
+                                   f"keys {len(kv.keys)} lens {kv.lens.tolist()} vals {len(kv.vals)} bytes")
+        original_size = self._decode_key(int(kv.keys[0]))
+        key = self._decode_key(int(kv.keys[1]))
+        if self.compression.kind == 0:
+            raise BadRequest(key, "compressed push but gradient compression was never set")
+        try:
+            grad = dequantize_2bit(bytes(kv.vals), original_size, self.compression.threshold)
+        except CompressionError as exc:
+            raise BadRequest(key, str(exc)) from None
+        return self._dense_push(req, key, np.dtype(np.float32), grad, kv)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # row_sparse keys (DataHandleRowSparse), with lazy row tables
+
+    def _row_sparse(self, msg: Message, command: mx.DataCommand, kv: KVPairs) -> list[tuple[int, Message]]:
+        req = Request(msg.sender, msg.meta)
+        if len(kv.keys) == 0:
+            raise BadRequest(None, "row_sparse request without keys")
+        key = self._decode_key(int(kv.keys[0]))
+        # Row keys are master key + local row id; decode in uint64 (the stock server truncates to int).
+        row_ids = (kv.keys[1:] - kv.keys[0]).astype(np.int64)
+        if np.any(kv.keys[1:] < kv.keys[0]):
+            raise BadRequest(key, "row key below its master key")
+        if len(row_ids) > 1 and not np.all(row_ids[1:] > row_ids[:-1]):
+            bad = int(np.argmax(row_ids[1:] <= row_ids[:-1])) + 1
+            raise BadRequest(key, f"row ids are not sorted and unique (row {int(row_ids[bad])} at position {bad})")
+        if msg.meta.push:
+            return self._sparse_push(req, key, command, kv, row_ids)
+        return [self._sparse_pull(req, key, command, kv, row_ids)]
+
+    def _sparse_entry_for_init(self, key: int, dtype: np.dtype, row_size: int | None, num_rows: int) -> SparseEntry:
+        spec = self.specs.get(key)
+        if spec is not None:
+            if dtype != spec.dtype:
+                raise BadRequest(key, f"init as {dtype.name} but declared {spec.dtype.name}")
+            if row_size is not None and row_size != spec.row_size:
+                raise BadRequest(key, f"init rows of {row_size} elements but declared {spec.row_size}")
+            if spec.total_rows * spec.row_size >= spec.bound:
+                offset, local_rows = mx.row_partition(spec.total_rows, self.num_servers, self.rank)
+            else:
+                offset, local_rows = 0, spec.total_rows
+            row_size = spec.row_size
+        else:
+            if num_rows == 0:
+                raise BadRequest(key, "row_sparse init with no rows for a key that was not declared lazy "
+                                      "(declare it with kvstore_lazy.worker.init_lazy, or init with rows)")
+            offset, local_rows = 0, num_rows
+        num_states = self.optimizer.num_states() if self.optimizer is not None else 0
+        table = RowTable(row_size, self._storage_dtype(dtype), num_states=num_states)
+        return SparseEntry(dtype=dtype, row_size=row_size, table=table, local_rows=local_rows, row_offset=offset,
+                           spec=spec)
+
+    def _rows_of(self, key: int, entry: SparseEntry | None, dtype: np.dtype, kv: KVPairs,
+                 row_ids: np.ndarray) -> np.ndarray:
+        """Validate a push's lens/vals against its rows and return the values as (rows, row_size)."""
+        num_rows = len(row_ids)
+        if len(kv.lens) != len(kv.keys) or (len(kv.lens) and kv.lens[0] != 0):
+            raise BadRequest(key, f"row_sparse push needs one len per key and lens[0] == 0, got {kv.lens[:4]}")
+        if num_rows == 0:
+            return np.zeros((0, entry.row_size if entry else 0), dtype)
+        row_bytes = int(kv.lens[1])
+        if row_bytes <= 0 or row_bytes % dtype.itemsize or np.any(kv.lens[1:] != row_bytes):
+            raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
+        row_size = row_bytes // dtype.itemsize
+        if entry is not None and row_size != entry.row_size:
+            raise BadRequest(key, f"rows of {row_size} elements pushed to a key of {entry.row_size}")
+        if len(kv.vals) != num_rows * row_bytes:
+            raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
+        return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_size)
+
+    def _check_rows(self, key: int, entry: SparseEntry, row_ids: np.ndarray) -> None:
+        if len(row_ids) and int(row_ids[-1]) >= entry.local_rows:
+            raise BadRequest(key, f"row {int(row_ids[-1]) + entry.row_offset} is out of range: the key has "
+                                  f"{entry.local_rows + entry.row_offset} rows"
+                                  + (f" (this server holds global rows [{entry.row_offset}, "
+                                     f"{entry.row_offset + entry.local_rows}))" if entry.row_offset else ""))
+
+    def _sparse_push(self, req: Request, key: int, command: mx.DataCommand, kv: KVPairs,
+                     row_ids: np.ndarray) -> list[tuple[int, Message]]:
+        entry = self.sparse.get(key)
+        if entry is None:
+            if key in self.dense:
+                raise BadRequest(key, "row_sparse push to a dense key")
+            values = self._rows_of(key, None, command.dtype, kv, row_ids)
+            entry = self._sparse_entry_for_init(key, command.dtype, values.shape[1] if len(values) else None,
+                                                len(row_ids))
+            self._check_rows(key, entry, row_ids)
+            self.sparse[key] = entry
+            if len(row_ids):
+                # Rows given at init are stored as sent (this is also how a checkpoint is restored).
+                slots = entry.table.ensure(row_ids.astype(np.uint64) + np.uint64(entry.row_offset),
+                                           lambda ids: np.zeros((len(ids), entry.row_size), entry.table.dtype))
+                entry.table.set_weights(slots, values.astype(entry.table.dtype))
+            return [self._reply(req)]
+        if command.dtype != entry.dtype:
+            raise BadRequest(key, f"push as {command.dtype.name} to a {entry.dtype.name} key")
+        values = self._rows_of(key, entry, command.dtype, kv, row_ids)
+        self._check_rows(key, entry, row_ids)
+        grad = values.astype(entry.table.dtype) if entry.table.dtype != command.dtype else values
+        if self.sync_mode:
+            if not entry.requests:
+                entry.merged_ids, entry.merged_vals = row_ids.copy(), grad.copy()
+            elif len(row_ids):
+                entry.merged_ids, entry.merged_vals = _merge_rows(entry.merged_ids, entry.merged_vals, row_ids, grad)
+            entry.requests.append(req)
+            if len(entry.requests) < self.num_workers:
+                return []
+            row_ids, grad, requests = entry.merged_ids, entry.merged_vals, entry.requests
+            entry.requests, entry.merged_ids, entry.merged_vals = [], None, None
+        else:
+            requests = [req]
+            if self.optimizer is None:
+                raise BadRequest(key, "dist_async push with no optimizer set (the stock server aborts)")
+        if len(row_ids):
+            self._apply_rows(key, entry, row_ids, grad)
+        return [self._reply(r) for r in requests]
+
+    def _apply_rows(self, key: int, entry: SparseEntry, row_ids: np.ndarray, grad: np.ndarray) -> None:
+        global_ids = row_ids.astype(np.uint64) + np.uint64(entry.row_offset)
+        slots = entry.table.ensure(global_ids, lambda ids: self._initial_rows(key, entry, ids))
+        if self.optimizer is None:
+            entry.table.set_weights(slots, grad)
+            return
+        weights = entry.table.weights(slots)
+        states = entry.table.states(slots)
+        self.optimizer.update(key, weights, grad, states)
+        entry.table.set_weights(slots, weights)
+        entry.table.set_states(slots, states)
+
+    def _initial_rows(self, key: int, entry: SparseEntry, global_ids: np.ndarray) -> np.ndarray:
+        if entry.spec is None:
+            # Not declared: every row arrived at init, so a missing row can only be zero (an empty gradient row
+            # of the stock server's dense-shaped rsp); the range check above keeps ids within the init rows.
+            return np.zeros((len(global_ids), entry.row_size), entry.table.dtype)
+        return entry.initial_rows(key, global_ids)
+
+    def _sparse_pull(self, req: Request, key: int, command: mx.DataCommand, kv: KVPairs,
+                     row_ids: np.ndarray) -> tuple[int, Message]:
+        entry = self.sparse.get(key)
+        if len(row_ids) == 0 and entry is None and key not in self.specs:
+            raise BadRequest(key, "row_sparse pull of a key that was never initialized or declared")
+        if entry is None:
+            raise BadRequest(key, "row_sparse pull before the key was initialized (kv.init it first)")
+        if command.dtype != entry.dtype:
+            raise BadRequest(key, f"pull as {command.dtype.name} of a {entry.dtype.name} key")
+        self._check_rows(key, entry, row_ids)
+        self._check_poison(req.sender, key)
+        if len(row_ids) == 0:
+            return self._reply(req, KVPairs(kv.keys, b"", np.zeros(len(kv.keys), np.int32)))
+        global_ids = row_ids.astype(np.uint64) + np.uint64(entry.row_offset)
+        if self.materialize == MATERIALIZE_ON_TOUCH or entry.spec is None:
+            slots = entry.table.ensure(global_ids, lambda ids: self._initial_rows(key, entry, ids))
+            rows = entry.table.weights(slots)
+        else:
+            slots = entry.table.lookup(global_ids)
+            rows = np.empty((len(global_ids), entry.row_size), entry.table.dtype)
+            present = slots >= 0
+            rows[present] = entry.table.weights(slots[present])
+            if not present.all():
+                rows[~present] = self._initial_rows(key, entry, global_ids[~present])
+        payload = rows.astype(entry.dtype, copy=False).tobytes()
+        lens = np.full(len(kv.keys), entry.row_size, np.int32)   # in elements, as the stock server sends
+        lens[0] = 0
+        return self._reply(req, KVPairs(kv.keys, payload, lens))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # visibility
+
+    def stats(self) -> dict:
+        keys = {}
+        for key, entry in sorted(self.sparse.items()):
+            keys[str(key)] = {"rows": len(entry.table), "bytes": entry.table.nbytes(),
+                              "lazy": entry.spec is not None, "local_rows": entry.local_rows,
+                              "row_offset": entry.row_offset}
+        dense_bytes = sum(e.value.nbytes + (e.master.nbytes if e.master is not None else 0)
+                          for e in self.dense.values())
+        return {"rank": self.rank, "sparse": keys, "dense_keys": len(self.dense), "dense_bytes": dense_bytes,
+                "bad_requests": self.bad_requests}
+
+
+def _merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
+                vals_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-sparse elementwise add (union of rows, overlapping rows summed); both inputs sorted and unique."""
+    ids = np.union1d(ids_a, ids_b)
+    out = np.zeros((len(ids), vals_a.shape[1] if vals_a.ndim == 2 and vals_a.shape[1] else vals_b.shape[1]),
+                   vals_b.dtype)
+    pos_a = np.searchsorted(ids, ids_a)
+    pos_b = np.searchsorted(ids, ids_b)
+    out[pos_a] = vals_a
+    out[pos_b] += vals_b
+    return ids, out
+
+
+def _retyped(table: RowTable, dtype) -> RowTable:
+    ids, weights, states = table.items()
+    fresh = RowTable(table.row_size, dtype, num_states=table.num_states)
+    slots = fresh.ensure(ids, lambda missing: np.zeros((len(missing), table.row_size), dtype))
+    fresh.set_weights(slots, weights.astype(dtype))
+    fresh.set_states(slots, [s.astype(dtype) for s in states])
+    return fresh

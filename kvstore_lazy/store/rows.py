@@ -1,0 +1,335 @@
+"""Row storage for ``row_sparse`` keys: the rows a worker has touched, and nothing else.
+
+This module owns two things:
+
+* :class:`RowIndex` maps 64-bit row ids (``uint64``, every value allowed, 0 and ``2**64 - 1`` included) to dense
+  slots ``0, 1, 2, ...`` in insertion order. It is an open-addressing hash table with linear probing. The table
+  holds only slots (``int32`` while fewer than ``2**31`` rows are possible, else ``int64``; ``-1`` marks an empty
+  bucket); the id of slot ``s`` lives in a dense ``keys[s]`` array, which is also :meth:`RowIndex.row_ids`.
+  Everything is vectorised: a batch walks the probe sequence one round at a time, and only the rows still unresolved
+  take part in the next round, so the number of Python-level iterations is the longest probe run in the batch, not
+  the batch size. Two new ids claiming the same empty bucket in one round are settled by writing all claims and
+  reading the bucket back: exactly one write survives, the losers probe on.
+* :class:`RowTable` puts row arenas beside a :class:`RowIndex`: one 2-D array for the weights and one per optimizer
+  state, all with the same capacity, row ``s`` of each belonging to slot ``s``. Rows are never removed.
+
+Memory. For ``n`` rows the index costs ``8 * keys_capacity + itemsize(table) * buckets`` bytes: the table has a
+power-of-two bucket count and is rebuilt at twice the size once the load passes ``MAX_LOAD`` (so 4 bytes / load, 8 to
+16 bytes a row with int32 slots), ``keys`` grows like the arenas; about 17 to 26 bytes a row in all. Arenas and
+``keys`` grow by ``ARENA_GROWTH`` (x1.125, at most 12.5 % unused capacity; still amortised O(1) per row).
+
+Growth peaks. Arrays grow with ``ndarray.resize``, i.e. ``realloc``: for large arrays glibc moves the pages with
+``mremap``, so growing an arena copies nothing and never holds old and new at once (the new part is zero-filled,
+which costs the page faults any new row needs anyway). If something else holds a reference to an array (a view
+escaped), ``resize`` refuses and we fall back to allocate-and-copy, one array at a time: the peak is then the old
+total plus one new arena (``1.125 x`` that arena). A rehash drops the old table first and re-inserts the ids in
+chunks of ``2**20``, so it peaks at the new table plus a few chunk-sized temporaries.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+#: Check :meth:`RowIndex.insert`'s preconditions (unique, absent ids). Costs a sort and a lookup per insert.
+DEBUG = False
+#: The hash table is rebuilt larger once more than this fraction of its buckets is used.
+MAX_LOAD = 0.5
+#: Capacity factor for arenas and the slot -> id array.
+ARENA_GROWTH = 1.125
+
+_MIN_BUCKETS = 8
+_REHASH_CHUNK = 1 << 20
+_FOLD = np.uint64(31)
+_MULT = np.uint64(0xBF58476D1CE4E5B9)  # odd 64-bit multiplier (splitmix64); the top bits of the product pick the bucket
+
+
+def as_row_ids(row_ids) -> np.ndarray:
+    """Row ids as a 1-D ``uint64`` array (no copy when they already are one)."""
+    return np.asarray(row_ids, dtype=np.uint64).reshape(-1)
+
+
+def _grown_capacity(capacity: int, needed: int) -> int:
+    return max(needed, int(capacity * ARENA_GROWTH) + 1)
+
+
+def _resize_rows(holder, key, rows: int) -> None:
+    """Give ``holder[key]`` (an array nothing else should reference) ``rows`` rows, keeping the leading ones.
+
+    In place via ``realloc`` when numpy allows it (no copy, no old+new peak); otherwise a copy, zero-filled like
+    ``ndarray.resize`` would.
+    """
+    try:
+        holder[key].resize((rows,) + holder[key].shape[1:])
+    except ValueError:  # referenced elsewhere (or not resizable): copy
+        old = holder[key]
+        new = np.zeros((rows,) + old.shape[1:], old.dtype)
+        keep = min(rows, len(old))
+        new[:keep] = old[:keep]
+        holder[key] = new
+
+
+class RowIndex:
+    """uint64 row id -> int64 slot; slots are handed out ``0, 1, 2, ...`` in insertion order."""
+
+    def __init__(self, capacity: int = 1024):
+        self._n = 0
+        self._keys = np.zeros(max(int(capacity), 1), np.uint64)  # row id by slot; len() is the capacity
+        self._new_table(self._buckets_for(capacity))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def lookup(self, row_ids) -> np.ndarray:
+        """Slots of ``row_ids`` (``int64``), ``-1`` where absent. Duplicates in the batch are fine."""
+        ids = as_row_ids(row_ids)
+        out = np.full(len(ids), -1, np.int64)
+        if not self._n or not len(ids):
+            return out
+        table, keys, mask = self._table, self._keys, self._mask
+        pos = self._home(ids)
+        todo = np.arange(len(ids))
+        while len(todo):
+            slot = table[pos]
+            used = slot >= 0
+            hit = used & (keys[slot] == ids)  # keys[-1] for empty buckets is harmless: masked by `used`
+            out[todo[hit]] = slot[hit]
+            more = used & ~hit
+            todo, ids, pos = todo[more], ids[more], pos[more]
+            pos += 1
+            pos &= mask
+        return out
+
+    def insert(self, row_ids) -> np.ndarray:
+        """Add ``row_ids`` (unique and absent: the caller guarantees it) as slots ``len, len+1, ...`` in order."""
+        ids = as_row_ids(row_ids)
+        start, m = self._n, len(ids)
+        if DEBUG:
+            assert len(np.unique(ids)) == m, "duplicate row ids in one insert"
+            assert not (self.lookup(ids) >= 0).any(), "row id already present"
+        slots = np.arange(start, start + m, dtype=np.int64)
+        if not m:
+            return slots
+        if start + m > len(self._keys):
+            _resize_rows(vars(self), "_keys", _grown_capacity(len(self._keys), start + m))
+        self._keys[start:start + m] = ids
+        self._n = start + m
+        if self._n > self._limit:
+            self._rehash()
+        else:
+            self._place(ids, slots)
+        return slots
+
+    def row_ids(self) -> np.ndarray:
+        """``uint64`` ids ordered by slot (a copy)."""
+        return self._keys[:self._n].copy()
+
+    def nbytes(self) -> int:
+        return self._keys.nbytes + self._table.nbytes
+
+    # -- internals
+
+    @staticmethod
+    def _buckets_for(n: int) -> int:
+        need = max(_MIN_BUCKETS, int(np.ceil(n / MAX_LOAD)))
+        return 1 << (need - 1).bit_length()
+
+    def _new_table(self, buckets: int) -> None:
+        self._table = None  # free the old table before allocating the new one
+        self._table = np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < 2**31 else np.int64)
+        self._mask = buckets - 1
+        self._shift = np.uint64(64 - (buckets.bit_length() - 1))
+        self._limit = int(buckets * MAX_LOAD)
+
+    def _home(self, ids: np.ndarray) -> np.ndarray:
+        """Home bucket of each id: fold the high half in, multiply, keep the top bits."""
+        h = ids >> _FOLD
+        h ^= ids
+        h *= _MULT
+        h >>= self._shift
+        return h.astype(np.intp)
+
+    def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Write ``slots`` into the table at the first empty bucket of each id's probe run (ids known absent)."""
+        table, mask = self._table, self._mask
+        pos = self._home(ids)
+        slots = slots.astype(table.dtype)
+        while len(pos):
+            free = table[pos] < 0
+            table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
+            left = table[pos] != slots  # everyone but the survivors (a slot is in the table at most once)
+            pos, slots = pos[left], slots[left]
+            pos += 1
+            pos &= mask
+
+    def _rehash(self) -> None:
+        self._new_table(self._buckets_for(self._n))
+        for lo in range(0, self._n, _REHASH_CHUNK):
+            hi = min(lo + _REHASH_CHUNK, self._n)
+            self._place(self._keys[lo:hi], np.arange(lo, hi))
+
+
+class RowTable:
+    """Rows of one ``row_sparse`` key: weights plus ``num_states`` optimizer states per row, created on first touch."""
+
+    def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024):
+        self.row_size = int(row_size)
+        self.dtype = np.dtype(dtype)
+        self._index = RowIndex(initial_capacity)
+        capacity = max(int(initial_capacity), 1)
+        # _arenas[0] holds the weights, _arenas[1:] the states; all share one capacity (their first dimension)
+        self._arenas = [self._arena(capacity) for _ in range(1 + int(num_states))]
+
+    @property
+    def num_states(self) -> int:
+        return len(self._arenas) - 1
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def lookup(self, row_ids) -> np.ndarray:
+        return self._index.lookup(row_ids)
+
+    def ensure(self, row_ids, make_rows: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Slots of ``row_ids`` (unique), creating the absent rows: weights ``make_rows(missing_ids)``, zero states.
+
+        ``make_rows`` gets the missing ids in their ``row_ids`` order and must return a ``(m, row_size)`` array;
+        it runs before anything changes, so if it raises the table is untouched.
+        """
+        ids = as_row_ids(row_ids)
+        slots = self._index.lookup(ids)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            new_ids = ids[missing]
+            rows = np.asarray(make_rows(new_ids))
+            if rows.shape != (len(new_ids), self.row_size):
+                raise ValueError(f"make_rows returned shape {rows.shape}, want {(len(new_ids), self.row_size)}")
+            lo = len(self)
+            new = self._index.insert(new_ids)
+            hi = len(self)
+            self._reserve(hi)
+            self._arenas[0][lo:hi] = rows
+            for states in self._arenas[1:]:
+                states[lo:hi] = 0
+            slots[missing] = new
+        return slots
+
+    def weights(self, slots) -> np.ndarray:
+        """Copy of the weight rows at ``slots``, shape ``(k, row_size)``."""
+        return self._arenas[0][self._slots(slots)]
+
+    def set_weights(self, slots, values) -> None:
+        self._arenas[0][self._slots(slots)] = values
+
+    def states(self, slots) -> list[np.ndarray]:
+        """Copies of each state's rows at ``slots``."""
+        slots = self._slots(slots)
+        return [states[slots] for states in self._arenas[1:]]
+
+    def set_states(self, slots, values: list[np.ndarray]) -> None:
+        if len(values) != self.num_states:
+            raise ValueError(f"{len(values)} state arrays for {self.num_states} states")
+        slots = self._slots(slots)
+        for states, value in zip(self._arenas[1:], values):
+            states[slots] = value
+
+    def set_num_states(self, n: int) -> None:
+        """Drop all states and start ``n`` fresh zero states for every row (a new optimizer)."""
+        capacity = len(self._arenas[0])
+        del self._arenas[1:]  # free the old states before allocating the new ones
+        self._arenas += [self._arena(capacity) for _ in range(int(n))]
+
+    def row_ids(self) -> np.ndarray:
+        """Ids by slot (a copy)."""
+        return self._index.row_ids()
+
+    def items(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """``(ids ascending, their weights, [their states]...)``, all copies: for snapshots and checkpoints."""
+        ids = self._index.row_ids()
+        order = np.argsort(ids, kind="stable")
+        return ids[order], self._arenas[0][order], [states[order] for states in self._arenas[1:]]
+
+    def nbytes(self) -> int:
+        """Bytes held: arena capacity of weights and states plus the index."""
+        return sum(a.nbytes for a in self._arenas) + self._index.nbytes()
+
+    # -- internals
+
+    def _arena(self, capacity: int) -> np.ndarray:
+        return np.zeros((capacity, self.row_size), self.dtype)
+
+    def _reserve(self, n: int) -> None:
+        capacity = len(self._arenas[0])
+        if n > capacity:
+            capacity = _grown_capacity(capacity, n)
+            for i in range(len(self._arenas)):
+                _resize_rows(self._arenas, i, capacity)
+
+    def _slots(self, slots) -> np.ndarray:
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if len(slots) and (slots.min() < 0 or slots.max() >= len(self)):
+            raise IndexError(f"slot out of range [0, {len(self)})")
+        return slots
+
+
+def _benchmark(n: int = 10_000_000, batch: int = 8192, row_size: int = 32, num_states: int = 2) -> None:
+    """Build a RowIndex and a RowTable of ``n`` random 40-bit ids in batches; print rates and bytes per row."""
+    import time
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    extra = 200 * batch
+    ids = np.unique(rng.integers(0, 2**40, int((n + extra) * 1.01), dtype=np.uint64))
+    ids = rng.permutation(ids)[:n + extra]
+    base, fresh = ids[:n], ids[n:]
+
+    def rate(what, count, seconds):
+        print(f"{what:<46} {count / seconds / 1e6:7.2f} M rows/s")
+
+    index = RowIndex()
+    t = time.perf_counter()
+    for lo in range(0, n, batch):
+        index.insert(base[lo:lo + batch])
+    rate(f"RowIndex insert, 0 -> {n:,} rows (incl. rehash)", n, time.perf_counter() - t)
+
+    probes = [base[rng.integers(0, n, batch)] for _ in range(200)]
+    t = time.perf_counter()
+    for p in probes:
+        index.lookup(p)
+    rate(f"RowIndex lookup, present, at {len(index):,}", 200 * batch, time.perf_counter() - t)
+    t = time.perf_counter()
+    for lo in range(0, 100 * batch, batch):
+        index.lookup(fresh[lo:lo + batch])
+    rate(f"RowIndex lookup, absent, at {len(index):,}", 100 * batch, time.perf_counter() - t)
+    t = time.perf_counter()
+    for lo in range(0, 100 * batch, batch):
+        index.insert(fresh[lo:lo + batch])
+    rate(f"RowIndex insert, at {n:,} (no rehash)", 100 * batch, time.perf_counter() - t)
+    print(f"RowIndex bytes/row at {len(index):,}: {index.nbytes() / len(index):.1f}")
+    del index, probes
+
+    def make_rows(new_ids):
+        return np.full((len(new_ids), row_size), 0.01, np.float32)
+
+    tracemalloc.start()
+    table = RowTable(row_size, np.float32, num_states)
+    t = time.perf_counter()
+    for lo in range(0, n, batch):
+        table.ensure(base[lo:lo + batch], make_rows)
+    rate(f"RowTable ensure (all new), 0 -> {n:,}", n, time.perf_counter() - t)
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    raw = row_size * table.dtype.itemsize * (1 + num_states)
+    print(f"RowTable at {len(table):,} rows: nbytes/row {table.nbytes() / n:.1f}, tracemalloc/row {current / n:.1f}, "
+          f"peak/row {peak / n:.1f}, raw/row {raw}, ratio {current / n / raw:.3f}")
+    mixed = [np.concatenate([base[rng.integers(0, n, batch // 2)], fresh[100 * batch + i * batch // 2:][:batch // 2]])
+             for i in range(100)]
+    t = time.perf_counter()
+    for m in mixed:
+        slots = table.ensure(m, make_rows)
+        table.set_weights(slots, table.weights(slots))
+    rate("RowTable ensure (half new) + get/set weights", 100 * batch, time.perf_counter() - t)
+
+
+if __name__ == "__main__":
+    _benchmark()

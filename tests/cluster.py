@@ -1,0 +1,141 @@
+"""Start real ps-lite jobs on 127.0.0.1 for tests: the stock scheduler, stock or kvstore_lazy servers, stock workers.
+
+Every process gets its own process group, a deadline, and is ended by its PID; a job that does not finish before
+its deadline raises :class:`JobHung` (a hang is a failure, never a pass).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+class JobHung(AssertionError):
+    pass
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class Job:
+    """One ps-lite job. `server` is "lazy" (kvstore_lazy) or "stock" (MXNet's C++ server)."""
+
+    tmp: Path
+    num_workers: int = 2
+    num_servers: int = 1
+    server: str = "lazy"
+    mode_env: dict = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self, role: str, extra: dict | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
+        env.update({
+            "DMLC_ROLE": role,
+            "DMLC_PS_ROOT_URI": "127.0.0.1",
+            "DMLC_PS_ROOT_PORT": str(self.port),
+            "DMLC_NUM_WORKER": str(self.num_workers),
+            "DMLC_NUM_SERVER": str(self.num_servers),
+            "DMLC_NODE_HOST": "127.0.0.1",
+            "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1",
+            "MXNET_ENGINE_TYPE": env.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice"),
+        })
+        env.update(self.mode_env)
+        if extra:
+            env.update(extra)
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict) -> Proc:
+        log = self.tmp / f"{name}.log"
+        with open(log, "wb") as fh:
+            popen = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                     start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def start(self, server_env: dict | None = None) -> "Job":
+        self.port = free_port()
+        self._spawn("scheduler", [PYTHON, "-c", "import mxnet"], self.env("scheduler"))
+        for rank in range(self.num_servers):
+            env = self.env("server", server_env)
+            if self.server == "stock":
+                argv = [PYTHON, "-c", "import mxnet"]
+            else:
+                argv = [PYTHON, "-m", "kvstore_lazy.server"]
+            self._spawn(f"server{rank}", argv, env)
+        return self
+
+    def run_workers(self, script: str, args: list[str], timeout: float = 120.0,
+                    worker_env: dict | None = None) -> list[Proc]:
+        workers = []
+        for rank in range(self.num_workers):
+            env = self.env("worker", worker_env)
+            env["KVSTORE_LAZY_TEST_WORKER"] = str(rank)
+            workers.append(self._spawn(f"worker{rank}", [PYTHON, str(ROOT / "tests" / "workers" / script)] + args,
+                                       env))
+        self.wait(timeout)
+        return workers
+
+    def wait(self, timeout: float) -> None:
+        """Wait for every process; on the deadline end them all and raise JobHung; on a non-zero exit raise."""
+        deadline = time.monotonic() + timeout
+        try:
+            for proc in self.procs:
+                remaining = deadline - time.monotonic()
+                try:
+                    proc.popen.wait(timeout=max(remaining, 0.01))
+                except subprocess.TimeoutExpired:
+                    raise JobHung(f"{proc.name} did not finish within {timeout:.0f}s\n" + self.report()) from None
+        finally:
+            self.kill()
+        failed = [p for p in self.procs if p.popen.returncode != 0]
+        if failed:
+            raise JobFailed(", ".join(f"{p.name} exited {p.popen.returncode}" for p in failed) + "\n" + self.report())
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                try:
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.popen.wait(timeout=10)
+
+    def report(self, tail: int = 4000) -> str:
+        parts = []
+        for proc in self.procs:
+            parts.append(f"----- {proc.name} (rc={proc.popen.poll()}) -----\n{proc.output()[-tail:]}")
+        return "\n".join(parts)
+
+    def log(self, name: str) -> str:
+        return next(p for p in self.procs if p.name == name).output()
