@@ -181,10 +181,16 @@ class CosineScheduler(LRScheduler):
 class Optimizer:
     """The base class. Subclasses implement num_states() and _step()."""
     name = 'optimizer'
+    _required = ('rescale_grad', 'lr_scheduler', 'lr', 'wd', 'lr_mult', 'wd_mult', 'idx2name',
+                 'begin_num_update', 'num_update', '_all_index_update_counts', 'clip_gradient')
+    _extra = ()   # the attributes each subclass's __init__ sets
 
     def __setstate__(self, state):
         if not isinstance(state, dict):
             raise UnsafePickleError('optimizer state is not a dict')
+        missing = [k for k in self._required + self._extra if k not in state]
+        if missing:
+            raise UnsafePickleError(f'{type(self).__name__} state lacks {missing}')
         self.__dict__.update(state)
         self.param_dict = {}
         # mxnet's Updater calls _set_current_context(weight.context.device_id); the server is cpu(0)
@@ -201,9 +207,9 @@ class Optimizer:
         """Apply one optimizer step to `weight` and `states`, in place.
 
         Set `row_sparse=True` when `weight`/`grad`/`states` are the gathered rows of a
-        row_sparse key. A few kernels (SGD without momentum under aggregation, Adam with
-        clip_gradient, AdaGrad) round differently in MXNet's row_sparse path. Setting the
-        flag copies that rounding bit for bit.
+        row_sparse key. MXNet's row_sparse path rounds differently from its dense path for
+        SGD without momentum but with wd, for Adam with clip_gradient, and for AdaGrad.
+        Setting the flag copies the row_sparse rounding bit for bit.
         """
         w = weight if weight.dtype == np.float32 else weight.astype(np.float32)
         g = np.asarray(grad, dtype=np.float32)
@@ -256,6 +262,7 @@ def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
 
 class SGD(Optimizer):
     name = 'sgd'
+    _extra = ('momentum',)
 
     def num_states(self):
         return 1 if self.momentum != 0.0 else 0
@@ -263,9 +270,9 @@ class SGD(Optimizer):
     def _step(self, index, weight, grad, states, row_sparse):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        # Dense keys go through multi_sgd[_mom]_update when aggregate_num > 0 (mxnet's Updater
-        # default). row_sparse keys use sgd[_mom]_update.
-        multi = self.aggregate_num > 0 and not row_sparse
+        # SGD._update_impl always sends dense weights through multi_sgd[_mom]_update (whatever
+        # aggregate_num is). row_sparse keys use sgd[_mom]_update.
+        multi = not row_sparse
         to_f32 = _tuple_f32 if multi else _op_f32
         lr, wd = to_f32(lr), to_f32(wd)
         rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
@@ -283,6 +290,7 @@ class SGD(Optimizer):
 
 class NAG(Optimizer):
     name = 'nag'
+    _extra = ('momentum',)
 
     def num_states(self):
         return 1 if self.momentum != 0.0 else 0
@@ -305,6 +313,7 @@ class NAG(Optimizer):
 
 class Signum(Optimizer):
     name = 'signum'
+    _extra = ('momentum', 'wd_lh')
 
     def num_states(self):
         return 1 if self.momentum != 0.0 else 0
@@ -330,6 +339,7 @@ class Signum(Optimizer):
 
 class Adam(Optimizer):
     name = 'adam'
+    _extra = ('beta1', 'beta2', 'epsilon')
 
     def num_states(self):
         return 2
@@ -355,6 +365,7 @@ class Adam(Optimizer):
 
 class AdaGrad(Optimizer):
     name = 'adagrad'
+    _extra = ('float_stable_eps',)
 
     def num_states(self):
         return 1
@@ -382,6 +393,7 @@ class AdaGrad(Optimizer):
 
 class RMSProp(Optimizer):
     name = 'rmsprop'
+    _extra = ('gamma1', 'gamma2', 'epsilon', 'centered', 'clip_weights')
 
     def num_states(self):
         return 3 if self.centered else 1
@@ -411,6 +423,7 @@ class RMSProp(Optimizer):
 
 class Ftrl(Optimizer):
     name = 'ftrl'
+    _extra = ('lamda1', 'beta')
 
     def num_states(self):
         return 2

@@ -518,7 +518,7 @@ class KVServer:
             return
         weights = entry.table.weights(slots)
         states = entry.table.states(slots)
-        self.optimizer.update(key, weights, grad, states)
+        self.optimizer.update(key, weights, grad, states, row_sparse=True)
         entry.table.set_weights(slots, weights)
         entry.table.set_states(slots, states)
 

@@ -39,13 +39,14 @@ MAX_LOAD = 0.5
 ARENA_GROWTH = 1.125
 
 _MIN_BUCKETS = 8
+_MAX_INT32_SLOTS = 2**31  # tables that may hold this many rows use int64 slots
 _REHASH_CHUNK = 1 << 20
 _FOLD = np.uint64(31)
 _MULT = np.uint64(0xBF58476D1CE4E5B9)  # odd 64-bit multiplier (splitmix64); the top bits of the product pick the bucket
 
 
 def as_row_ids(row_ids) -> np.ndarray:
-    """Row ids as a 1-D ``uint64`` array (no copy when they already are one)."""
+    """Row ids as a 1-D ``uint64`` array (no copy when they already are one; other integers cast like numpy)."""
     return np.asarray(row_ids, dtype=np.uint64).reshape(-1)
 
 
@@ -136,7 +137,7 @@ class RowIndex:
 
     def _new_table(self, buckets: int) -> None:
         self._table = None  # free the old table before allocating the new one
-        self._table = np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < 2**31 else np.int64)
+        self._table = np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
         self._mask = buckets - 1
         self._shift = np.uint64(64 - (buckets.bit_length() - 1))
         self._limit = int(buckets * MAX_LOAD)
@@ -273,62 +274,59 @@ class RowTable:
 
 
 def _benchmark(n: int = 10_000_000, batch: int = 8192, row_size: int = 32, num_states: int = 2) -> None:
-    """Build a RowIndex and a RowTable of ``n`` random 40-bit ids in batches; print rates and bytes per row."""
+    """Build a RowIndex and a RowTable of ``n`` random 40-bit ids in batches; print rates and bytes per row.
+
+    Rates are given per wall-clock second and per CPU second of this process (the latter is steadier on a shared
+    machine).
+    """
     import time
     import tracemalloc
 
     rng = np.random.default_rng(0)
-    extra = 200 * batch
+    extra = 300 * batch
     ids = np.unique(rng.integers(0, 2**40, int((n + extra) * 1.01), dtype=np.uint64))
     ids = rng.permutation(ids)[:n + extra]
     base, fresh = ids[:n], ids[n:]
 
-    def rate(what, count, seconds):
-        print(f"{what:<46} {count / seconds / 1e6:7.2f} M rows/s")
+    def timed(what, count, run):
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        print(f"{what:<48} {count / wall / 1e6:6.2f} M/s wall  {count / cpu / 1e6:6.2f} M/s cpu")
+
+    def batches(a):
+        return [a[lo:lo + batch] for lo in range(0, len(a), batch)]
 
     index = RowIndex()
-    t = time.perf_counter()
-    for lo in range(0, n, batch):
-        index.insert(base[lo:lo + batch])
-    rate(f"RowIndex insert, 0 -> {n:,} rows (incl. rehash)", n, time.perf_counter() - t)
-
-    probes = [base[rng.integers(0, n, batch)] for _ in range(200)]
-    t = time.perf_counter()
-    for p in probes:
-        index.lookup(p)
-    rate(f"RowIndex lookup, present, at {len(index):,}", 200 * batch, time.perf_counter() - t)
-    t = time.perf_counter()
-    for lo in range(0, 100 * batch, batch):
-        index.lookup(fresh[lo:lo + batch])
-    rate(f"RowIndex lookup, absent, at {len(index):,}", 100 * batch, time.perf_counter() - t)
-    t = time.perf_counter()
-    for lo in range(0, 100 * batch, batch):
-        index.insert(fresh[lo:lo + batch])
-    rate(f"RowIndex insert, at {n:,} (no rehash)", 100 * batch, time.perf_counter() - t)
+    timed(f"RowIndex insert 0 -> {n:,} (incl. rehashes)", n, lambda: [index.insert(b) for b in batches(base)])
+    present = [base[rng.integers(0, n, batch)] for _ in range(200)]
+    timed(f"RowIndex lookup, present, at {len(index):,}", 200 * batch, lambda: [index.lookup(p) for p in present])
+    absent = batches(fresh[:200 * batch])
+    timed(f"RowIndex lookup, absent, at {len(index):,}", 200 * batch, lambda: [index.lookup(p) for p in absent])
+    timed(f"RowIndex insert at {len(index):,} (no rehash)", 200 * batch, lambda: [index.insert(b) for b in absent])
     print(f"RowIndex bytes/row at {len(index):,}: {index.nbytes() / len(index):.1f}")
-    del index, probes
+    del index, present
 
     def make_rows(new_ids):
         return np.full((len(new_ids), row_size), 0.01, np.float32)
 
     tracemalloc.start()
     table = RowTable(row_size, np.float32, num_states)
-    t = time.perf_counter()
-    for lo in range(0, n, batch):
-        table.ensure(base[lo:lo + batch], make_rows)
-    rate(f"RowTable ensure (all new), 0 -> {n:,}", n, time.perf_counter() - t)
+    timed(f"RowTable ensure (all new) 0 -> {n:,}", n, lambda: [table.ensure(b, make_rows) for b in batches(base)])
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     raw = row_size * table.dtype.itemsize * (1 + num_states)
-    print(f"RowTable at {len(table):,} rows: nbytes/row {table.nbytes() / n:.1f}, tracemalloc/row {current / n:.1f}, "
-          f"peak/row {peak / n:.1f}, raw/row {raw}, ratio {current / n / raw:.3f}")
-    mixed = [np.concatenate([base[rng.integers(0, n, batch // 2)], fresh[100 * batch + i * batch // 2:][:batch // 2]])
-             for i in range(100)]
-    t = time.perf_counter()
-    for m in mixed:
-        slots = table.ensure(m, make_rows)
-        table.set_weights(slots, table.weights(slots))
-    rate("RowTable ensure (half new) + get/set weights", 100 * batch, time.perf_counter() - t)
+    print(f"RowTable {len(table):,} rows: nbytes/row {table.nbytes() / n:.1f}, tracemalloc/row {current / n:.1f} "
+          f"(peak {peak / n:.1f}), raw/row {raw}, ratio {current / n / raw:.3f}")
+    mixed = [np.concatenate([base[rng.integers(0, n, batch // 2)], b[:batch // 2]])
+             for b in batches(fresh[200 * batch:])]
+
+    def update():
+        for m in mixed:
+            slots = table.ensure(m, make_rows)
+            table.set_weights(slots, table.weights(slots))
+
+    timed("RowTable ensure (half new) + weights + set_weights", len(mixed) * batch, update)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ for key, shape in shapes.items():
     out = mx.nd.zeros(shape, dtype=dt)
     kv.pull(key, out=out)
     results[f"init_{key}"] = out.asnumpy()
+kv._barrier()  # in dist_async a fast worker's pushes would otherwise race the other's init pulls
 for step in range(args.steps):
     for key, shape in shapes.items():
         grad = ((np.arange(np.prod(shape)).reshape(shape) * (rank + 1) + step) % 7 - 3).astype(dt) / 2
