@@ -6,6 +6,7 @@ Matches src/kvstore/gradient_compression-inl.h ``dequantize_2bit``: value j live
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,9 +29,13 @@ class Compression:
         try:
             parts = body.decode("ascii").split(",")
             kind = int(parts[0])
-            threshold = np.float32(float(parts[1])) if len(parts) > 1 and parts[1] else np.float32(0.5)
+            value = float(parts[1]) if len(parts) > 1 and parts[1] else 0.5
         except (UnicodeDecodeError, ValueError) as exc:
             raise CompressionError(f"bad gradient compression settings {body[:64]!r}") from exc
+        if math.isfinite(value) and abs(value) > float(np.finfo(np.float32).max):
+            # std::stof throws out_of_range here; np.float32() would give inf with an overflow warning
+            raise CompressionError(f"gradient compression threshold {parts[1][:64]!r} is out of float32 range")
+        threshold = np.float32(value)
         if kind not in (0, TWO_BIT):
             raise CompressionError(f"unsupported gradient compression type {kind}")
         return cls(kind, threshold)
@@ -42,6 +47,8 @@ def compressed_words(original_size: int) -> int:
 
 def dequantize_2bit(compressed: bytes, original_size: int, threshold: np.float32) -> np.ndarray:
     """float32 array of `original_size` values from the 2-bit payload (``ceil(n/16)`` float32 words)."""
+    if original_size < 0:
+        raise CompressionError(f"negative original size {original_size}")
     raw = np.frombuffer(compressed, dtype=np.uint8)
     if len(raw) != 4 * compressed_words(original_size):
         raise CompressionError(

@@ -19,7 +19,8 @@ from . import membership
 from .protocol import ProtocolError
 from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE
-from .server.core import KVServer, node_name
+from . import checkpoint
+from .server.core import KVServer, node_name, restore_state, snapshot_state
 from .transport.zmq_van import ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
@@ -85,6 +86,8 @@ class Config:
     materialize: str = "touch"
     stats_interval: float = 60.0
     is_recovery: bool = False
+    snapshot_dir: str = ""
+    snapshot_interval: float = 0.0
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -110,6 +113,8 @@ class Config:
             materialize=env.get("KVSTORE_LAZY_MATERIALIZE", "touch"),
             stats_interval=float(env.get("KVSTORE_LAZY_STATS_INTERVAL", "60") or 60),
             is_recovery=env.get("KVSTORE_LAZY_RECOVERY", "0") not in ("", "0"),
+            snapshot_dir=env.get("KVSTORE_LAZY_SNAPSHOT_DIR", ""),
+            snapshot_interval=float(env.get("KVSTORE_LAZY_SNAPSHOT_INTERVAL", "0") or 0),
         )
 
 
@@ -127,6 +132,7 @@ class ServerNode:
         self._seen_signatures: set[int] = set()
         self._next_heartbeat = float("inf")
         self._next_stats = float("inf")
+        self._next_snapshot = float("inf")
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -166,6 +172,10 @@ class ServerNode:
         if cfg.heartbeat_interval > 0:
             self._next_heartbeat = time.monotonic() + cfg.heartbeat_interval
         self._next_stats = time.monotonic() + cfg.stats_interval
+        if cfg.snapshot_dir:
+            self.load_snapshot()
+            if cfg.snapshot_interval > 0:
+                self._next_snapshot = time.monotonic() + cfg.snapshot_interval
         self.barrier(membership.ALL_GROUP)
 
     def serve(self) -> None:
@@ -176,6 +186,33 @@ class ServerNode:
                 self._dispatch(msg)
             self._timers()
         self.log_stats("at shutdown")
+        if self.config.snapshot_dir:
+            self.save_snapshot()
+
+    def save_snapshot(self) -> None:
+        assert self.server is not None
+        started = time.monotonic()
+        meta, tables = snapshot_state(self.server)
+        path = checkpoint.write_snapshot(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
+                                         tables, meta)
+        rows = sum(len(t["row_ids"]) for k, t in tables.items() if t["meta"]["kind"] == "row_sparse")
+        log.info("snapshot written to %s: %d keys, %d rows, %.3fs", path, len(tables), rows,
+                 time.monotonic() - started)
+
+    def load_snapshot(self) -> None:
+        assert self.server is not None
+        directory, rank = self.config.snapshot_dir, self.server.rank
+        manifest = checkpoint.read_manifest(directory, rank)
+        if manifest is None:
+            log.info("no snapshot for rank %d in %s; starting empty", rank, directory)
+            return
+        if manifest.get("num_servers") != self.server.num_servers:
+            raise StartupError(f"snapshot in {directory} was written by {manifest.get('num_servers')} servers, "
+                               f"this job has {self.server.num_servers}; restore through a worker checkpoint")
+        tables = {int(k): dict(checkpoint.read_snapshot_key(directory, rank, int(k), info), meta=info)
+                  for k, info in manifest["keys"].items()}
+        restore_state(self.server, manifest.get("server", {}), tables)
+        log.info("restored snapshot of rank %d from %s: %d keys", rank, directory, len(tables))
 
     def stop(self) -> None:
         # Without this final group-7 barrier every worker and the scheduler hang after training.
@@ -199,7 +236,7 @@ class ServerNode:
         return ts
 
     def _poll_timeout(self) -> int:
-        nearest = min(self._next_heartbeat, self._next_stats)
+        nearest = min(self._next_heartbeat, self._next_stats, self._next_snapshot)
         return max(0, min(1000, int((nearest - time.monotonic()) * 1000)))
 
     def _timers(self) -> None:
@@ -208,6 +245,12 @@ class ServerNode:
             self._send_control(membership.SCHEDULER_ID,
                                membership.heartbeat(self.my_id, self.config.host, self.port, self._tick()))
             self._next_heartbeat = now + self.config.heartbeat_interval
+        if self.server is not None and (self.server.snapshot_requested or now >= self._next_snapshot) \
+                and self.config.snapshot_dir:
+            self.server.snapshot_requested = False
+            self.save_snapshot()
+            if self.config.snapshot_interval > 0:
+                self._next_snapshot = now + self.config.snapshot_interval
         if now >= self._next_stats:
             self.log_stats("periodic")
             self._next_stats = now + self.config.stats_interval

@@ -72,22 +72,31 @@ def server_key_end(rank: int, num_servers: int) -> int:
 
 
 def c_round(x: float) -> int:
-    """C's round(): half away from zero (Python's round() is half to even)."""
-    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+    """C's round()/llround(): half away from zero (Python's round() is half to even).
+
+    Exact for every double: ``floor(x + 0.5)`` is not, since the addition itself rounds (0.49999999999999994 + 0.5
+    is 1.0, and odd integers above 2**52 plus 0.5 round up to the next even one)."""
+    a = abs(x)
+    whole = math.floor(a)
+    if a - whole >= 0.5:  # a - floor(a) is exact in binary floating point
+        whole += 1
+    return int(whole) if x >= 0 else -int(whole)
 
 
 def dense_partition(num_elements: int, num_servers: int, server: int) -> tuple[int, int]:
     """(offset, size) in elements of a big dense array's part on `server` (EncodeDefaultKey)."""
-    start = c_round(num_elements / num_servers * server)
-    end = c_round(num_elements / num_servers * (server + 1))
+    # static_cast<double>(num_arr_elems) / num_servers * i, in double arithmetic like the C++ (a Python int / int
+    # would divide exactly before rounding, which differs once num_elements exceeds 2**53)
+    start = c_round(float(num_elements) / num_servers * server)
+    end = c_round(float(num_elements) / num_servers * (server + 1))
     return start, end - start
 
 
 def row_partition(total_rows: int, num_servers: int, server: int) -> tuple[int, int]:
     """(first global row, number of rows) of a partitioned row_sparse key's part on `server` (EncodeRowSparseKey
     uses llround, which is also half away from zero)."""
-    start = c_round(total_rows / num_servers * server)
-    end = c_round(total_rows / num_servers * (server + 1))
+    start = c_round(float(total_rows) / num_servers * server)
+    end = c_round(float(total_rows) / num_servers * (server + 1))
     return start, end - start
 
 

@@ -4,11 +4,18 @@ Owns: the wire representation of :class:`Meta`, :class:`Control` and :class:`Nod
 Does not own: framing (see ``message``) or what any field means to MXNet (see ``mxnet``).
 
 Wire-compatibility notes (ps-lite @34fd45c, ``Van::PackMeta``/``UnpackMeta``):
-- int32 fields may be negative and then arrive as 10-byte varints (Gluon sends ``priority=-idx``; the scheduler's
-  BARRIER reply carries an uninitialised ``barrier_group``). We decode them as signed 32-bit.
+- int32 fields may be negative and then arrive as 10-byte varints (the scheduler's BARRIER reply carries an
+  uninitialised ``barrier_group``; its own PBNode an uninitialised ``customer_id``). We decode them as signed 32-bit:
+  the low 32 bits of the varint, as protobuf does.
 - ``app_id``, ``timestamp`` and ``node.id`` are "kEmpty" (INT_MAX) when absent; every other field takes its proto
   default.
 - ``data_type`` (field 9) is written packed and accepted packed or unpacked.
+- ``data_size`` (field 11) is never written by this ps-lite: stock workers and the stock scheduler send no field 11
+  (captured in tests/fixtures/*.hex) and UnpackMeta ignores it. We write it only when it is non-zero, so that
+  re-encoding a decoded stock message gives back the stock bytes.
+- Where a peer's bytes could differ from what ps-lite writes, decoding follows protobuf's parser: unknown fields (any
+  wire type, groups included) and known fields arriving with another wire type are skipped; repeated occurrences of
+  ``control`` are merged; the last occurrence of a scalar wins; strings are not checked for UTF-8 (proto2).
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ CMD_EMPTY, TERMINATE, ADD_NODE, BARRIER, ACK, HEARTBEAT = 0, 1, 2, 3, 4, 5
 # PBMeta.data_type values (ps::DataType)
 DT_INT32, DT_UINT64, DT_OTHER = 3, 8, 11
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_VARINT, _I64, _LEN, _START_GROUP, _END_GROUP, _I32 = 0, 1, 2, 3, 4, 5
+_MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
 
 
 @dataclass
@@ -117,44 +125,78 @@ def _field_bytes(number: int, value: bytes) -> bytes:
     return _tag(number, _LEN) + _varint(len(value)) + value
 
 
+def _read_tag(buf: bytes, pos: int) -> tuple[int, int, int]:
+    key, pos = _read_varint(buf, pos)
+    number, wire = key >> 3, key & 7
+    if number == 0:
+        raise ProtocolError("field number 0")
+    return number, wire, pos
+
+
+def _read_value(buf: bytes, pos: int, wire: int) -> tuple[object, int]:
+    """The value of a non-group field whose tag ended at `pos`: an int (varint, fixed) or a bytes slice."""
+    if wire == _VARINT:
+        return _read_varint(buf, pos)
+    if wire == _LEN:
+        size, pos = _read_varint(buf, pos)
+        if pos + size > len(buf):
+            raise ProtocolError("length-delimited field runs past the end")
+        return buf[pos:pos + size], pos + size
+    if wire == _I64:
+        if pos + 8 > len(buf):
+            raise ProtocolError("truncated fixed64")
+        return int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
+    if wire == _I32:
+        if pos + 4 > len(buf):
+            raise ProtocolError("truncated fixed32")
+        return int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
+    raise ProtocolError(f"unsupported wire type {wire}")
+
+
+def _skip_group(buf: bytes, pos: int, number: int) -> int:
+    """Skip a group (a deprecated encoding ps-lite never uses) after its start tag, as protobuf skips an unknown one.
+
+    Iterative, with protobuf's nesting limit, so hostile input cannot exhaust the stack."""
+    open_groups = [number]
+    while open_groups:
+        inner, wire, pos = _read_tag(buf, pos)
+        if wire == _START_GROUP:
+            if len(open_groups) >= _MAX_GROUP_DEPTH:
+                raise ProtocolError("groups nested too deeply")
+            open_groups.append(inner)
+        elif wire == _END_GROUP:
+            if open_groups.pop() != inner:
+                raise ProtocolError(f"end-group tag of field {inner} does not match its start")
+        else:
+            _, pos = _read_value(buf, pos, wire)
+    return pos
+
+
 def _fields(buf: bytes):
-    """Yield (field number, wire type, value) for each field; value is an int or a bytes slice."""
+    """Yield (field number, wire type, value) for each field; value is an int or a bytes slice. Groups are skipped."""
     pos = 0
     while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise ProtocolError("field number 0")
-        if wire == _VARINT:
-            value, pos = _read_varint(buf, pos)
-        elif wire == _LEN:
-            size, pos = _read_varint(buf, pos)
-            if pos + size > len(buf):
-                raise ProtocolError("length-delimited field runs past the end")
-            value, pos = buf[pos:pos + size], pos + size
-        elif wire == _I64:
-            if pos + 8 > len(buf):
-                raise ProtocolError("truncated fixed64")
-            value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
-        elif wire == _I32:
-            if pos + 4 > len(buf):
-                raise ProtocolError("truncated fixed32")
-            value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
-        else:
-            raise ProtocolError(f"unsupported wire type {wire}")
+        number, wire, pos = _read_tag(buf, pos)
+        if wire == _START_GROUP:
+            pos = _skip_group(buf, pos, number)
+            continue
+        if wire == _END_GROUP:
+            raise ProtocolError(f"end-group tag of field {number} without its start")
+        value, pos = _read_value(buf, pos, wire)
         yield number, wire, value
 
 
-def _expect_int(number: int, wire: int, value) -> int:
-    if wire != _VARINT:
-        raise ProtocolError(f"field {number}: expected a varint")
-    return value
+# field number -> wire type of each known field (meta.proto). Anything else is an unknown field, which protobuf skips.
+_NODE_FIELDS = {1: _VARINT, 2: _VARINT, 3: _LEN, 4: _VARINT, 5: _VARINT, 10: _VARINT}
+_CONTROL_FIELDS = {1: _VARINT, 2: _LEN, 3: _VARINT, 4: _VARINT}
+_META_FIELDS = {1: _VARINT, 2: _LEN, 3: _LEN, 4: _VARINT, 5: _VARINT, 6: _VARINT, 7: _VARINT, 8: _VARINT,
+                10: _VARINT, 11: _VARINT, 12: _VARINT, 13: _VARINT}
 
 
-def _expect_bytes(number: int, wire: int, value) -> bytes:
-    if wire != _LEN:
-        raise ProtocolError(f"field {number}: expected a length-delimited value")
-    return bytes(value)
+def _known_fields(buf: bytes, schema: dict[int, int]):
+    for number, wire, value in _fields(buf):
+        if schema.get(number) == wire:
+            yield number, value
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -166,7 +208,7 @@ def encode_node(node: Node) -> bytes:
     return b"".join([
         _field_int(1, node.role),
         _field_int(2, node.id),
-        _field_bytes(3, node.hostname.encode()),
+        _field_bytes(3, node.hostname.encode("utf-8", "surrogateescape")),
         _field_int(4, node.port),
         _field_int(5, int(node.is_recovery)),
         _field_int(10, node.customer_id),
@@ -174,24 +216,22 @@ def encode_node(node: Node) -> bytes:
 
 
 def decode_node(buf: bytes) -> Node:
-    node = Node(role=-1)
-    for number, wire, value in _fields(buf):
+    node, has_role = Node(role=0), False
+    for number, value in _known_fields(buf, _NODE_FIELDS):
         if number == 1:
-            node.role = _int32(_expect_int(number, wire, value))
+            node.role, has_role = _int32(value), True
         elif number == 2:
-            node.id = _int32(_expect_int(number, wire, value))
+            node.id = _int32(value)
         elif number == 3:
-            try:
-                node.hostname = _expect_bytes(number, wire, value).decode()
-            except UnicodeDecodeError as exc:
-                raise ProtocolError("node hostname is not UTF-8") from exc
+            # proto2 does not check strings for UTF-8: keep any bytes (surrogateescape re-encodes them unchanged)
+            node.hostname = bytes(value).decode("utf-8", "surrogateescape")
         elif number == 4:
-            node.port = _int32(_expect_int(number, wire, value))
+            node.port = _int32(value)
         elif number == 5:
-            node.is_recovery = bool(_expect_int(number, wire, value))
+            node.is_recovery = bool(value)
         elif number == 10:
-            node.customer_id = _int32(_expect_int(number, wire, value))
-    if node.role == -1:
+            node.customer_id = _int32(value)
+    if not has_role:
         raise ProtocolError("PBNode without its required role")
     return node
 
@@ -207,23 +247,23 @@ def encode_control(control: Control) -> bytes:
 
 
 def decode_control(buf: bytes) -> Control:
-    control = Control(cmd=-1)
-    for number, wire, value in _fields(buf):
+    control, has_cmd = Control(), False
+    for number, value in _known_fields(buf, _CONTROL_FIELDS):
         if number == 1:
-            control.cmd = _int32(_expect_int(number, wire, value))
+            control.cmd, has_cmd = _int32(value), True
         elif number == 2:
-            control.nodes.append(decode_node(_expect_bytes(number, wire, value)))
+            control.nodes.append(decode_node(value))
         elif number == 3:
-            control.barrier_group = _int32(_expect_int(number, wire, value))
+            control.barrier_group = _int32(value)
         elif number == 4:
-            control.msg_sig = _expect_int(number, wire, value)
-    if control.cmd == -1:
+            control.msg_sig = value
+    if not has_cmd:
         raise ProtocolError("PBControl without its required cmd")
     return control
 
 
 def encode_meta(meta: Meta) -> bytes:
-    """Serialize like Van::PackMeta: the same fields set, in field-number order."""
+    """Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
     parts = [_field_int(1, meta.head)]
     if meta.body:
         parts.append(_field_bytes(2, meta.body))
@@ -237,49 +277,53 @@ def encode_meta(meta: Meta) -> bytes:
     if meta.data_type:
         packed = b"".join(_varint(t) for t in meta.data_type)
         parts.append(_field_bytes(9, packed))
-    parts += [
-        _field_int(10, meta.customer_id),
-        _field_int(11, meta.data_size),
-        _field_int(12, meta.pull),
-        _field_int(13, meta.priority),
-    ]
+    parts.append(_field_int(10, meta.customer_id))
+    if meta.data_size:  # never set by ps-lite @34fd45c (see the module docstring)
+        parts.append(_field_int(11, meta.data_size))
+    parts += [_field_int(12, meta.pull), _field_int(13, meta.priority)]
     return b"".join(parts)
 
 
 def decode_meta(buf: bytes) -> Meta:
     """Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
     meta = Meta(head=0, customer_id=0)
+    control_parts: list[bytes] = []
     for number, wire, value in _fields(bytes(buf)):
-        if number == 1:
-            meta.head = _int32(_expect_int(number, wire, value))
-        elif number == 2:
-            meta.body = _expect_bytes(number, wire, value)
-        elif number == 3:
-            meta.control = decode_control(_expect_bytes(number, wire, value))
-        elif number == 4:
-            meta.request = bool(_expect_int(number, wire, value))
-        elif number == 5:
-            meta.push = bool(_expect_int(number, wire, value))
-        elif number == 6:
-            meta.simple_app = bool(_expect_int(number, wire, value))
-        elif number == 7:
-            meta.app_id = _int32(_expect_int(number, wire, value))
-        elif number == 8:
-            meta.timestamp = _int32(_expect_int(number, wire, value))
-        elif number == 9:
-            if wire == _LEN:  # packed
+        if number == 9:  # repeated int32 data_type, accepted packed or not
+            if wire == _LEN:
                 pos, packed = 0, bytes(value)
                 while pos < len(packed):
                     item, pos = _read_varint(packed, pos)
                     meta.data_type.append(_int32(item))
-            else:
-                meta.data_type.append(_int32(_expect_int(number, wire, value)))
+            elif wire == _VARINT:
+                meta.data_type.append(_int32(value))
+        elif _META_FIELDS.get(number) != wire:
+            continue  # unknown field, or a known one with another wire type: protobuf skips it
+        elif number == 1:
+            meta.head = _int32(value)
+        elif number == 2:
+            meta.body = bytes(value)
+        elif number == 3:
+            control_parts.append(bytes(value))
+        elif number == 4:
+            meta.request = bool(value)
+        elif number == 5:
+            meta.push = bool(value)
+        elif number == 6:
+            meta.simple_app = bool(value)
+        elif number == 7:
+            meta.app_id = _int32(value)
+        elif number == 8:
+            meta.timestamp = _int32(value)
         elif number == 10:
-            meta.customer_id = _int32(_expect_int(number, wire, value))
+            meta.customer_id = _int32(value)
         elif number == 11:
-            meta.data_size = _int32(_expect_int(number, wire, value))
+            meta.data_size = _int32(value)
         elif number == 12:
-            meta.pull = bool(_expect_int(number, wire, value))
+            meta.pull = bool(value)
         elif number == 13:
-            meta.priority = _int32(_expect_int(number, wire, value))
+            meta.priority = _int32(value)
+    if control_parts:
+        # protobuf merges repeated occurrences of a message field, which is the same as parsing their concatenation
+        meta.control = decode_control(b"".join(control_parts))
     return meta

@@ -167,6 +167,8 @@ class KVServer:
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
         self.stopped = False
         self.bad_requests = 0
+        self.optimizer_body: bytes | None = None
+        self.snapshot_requested = False
 
     # ------------------------------------------------------------------------------------------------------------
     # entry point
@@ -251,6 +253,8 @@ class KVServer:
                          node_name(msg.sender))
             elif head == mx.LAZY_DECLARE:
                 self.declare(LazySpec.from_json(json.loads(body)))
+            elif head == mx.LAZY_SNAPSHOT:
+                self.snapshot_requested = True
             elif head == mx.LAZY_STATS:
                 reply_body = json.dumps(self.stats()).encode()
                 log.info("stats: %s", reply_body.decode())
@@ -266,7 +270,7 @@ class KVServer:
     def _set_optimizer(self, body: bytes) -> None:
         # The stock server builds a fresh Updater per kController, so optimizer states start over.
         optimizer = load_optimizer(body)
-        self.optimizer = optimizer
+        self.optimizer, self.optimizer_body = optimizer, body
         for entry in self.dense.values():
             entry.states = None
         for entry in self.sparse.values():
@@ -571,6 +575,71 @@ class KVServer:
                           for e in self.dense.values())
         return {"rank": self.rank, "sparse": keys, "dense_keys": len(self.dense), "dense_bytes": dense_bytes,
                 "bad_requests": self.bad_requests}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# snapshots: what a restarted server needs to carry on (rows, states, dense values, mode, optimizer, declarations)
+
+def snapshot_state(server: KVServer) -> tuple[dict, dict[int, dict]]:
+    """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot. Pending sync-round merges are not
+    included: their pushes were not acknowledged yet."""
+    opt = server.optimizer
+    meta = {
+        "sync_mode": server.sync_mode, "multi_precision": server.multi_precision,
+        "compression": [server.compression.kind, float(server.compression.threshold)],
+        "optimizer": server.optimizer_body.decode("latin-1") if server.optimizer_body else None,
+        "optimizer_counts": None if opt is None else {
+            "num_update": int(opt.num_update),
+            "counts": {str(k): int(v) for k, v in opt._index_update_count.items()}},
+        "specs": [spec.to_json() for spec in server.specs.values()],
+    }
+    tables: dict[int, dict] = {}
+    for key, entry in server.sparse.items():
+        ids, weights, states = entry.table.items()
+        tables[key] = {"row_ids": ids, "weights": weights, "states": states,
+                       "meta": {"kind": "row_sparse", "dtype": entry.dtype.name, "row_size": entry.row_size,
+                                "local_rows": entry.local_rows, "row_offset": entry.row_offset,
+                                "lazy": entry.spec is not None}}
+    for key, dense in server.dense.items():
+        tables[key] = {"row_ids": np.zeros(1, np.uint64), "weights": dense.stored.reshape(1, -1),
+                       "states": [s.reshape(1, -1) for s in (dense.states or [])],
+                       "meta": {"kind": "dense", "dtype": dense.dtype.name}}
+    return meta, tables
+
+
+def restore_state(server: KVServer, meta: dict, tables: dict[int, dict]) -> None:
+    """Inverse of snapshot_state, into a fresh server of the same rank."""
+    server.sync_mode = bool(meta.get("sync_mode"))
+    server.multi_precision = bool(meta.get("multi_precision"))
+    kind, threshold = meta.get("compression", [0, 0.5])
+    server.compression = Compression(int(kind), np.float32(threshold))
+    for spec in meta.get("specs", []):
+        server.declare(LazySpec.from_json(spec))
+    if meta.get("optimizer"):
+        server._set_optimizer(meta["optimizer"].encode("latin-1"))
+        counts = meta.get("optimizer_counts") or {}
+        server.optimizer.num_update = counts.get("num_update", server.optimizer.num_update)
+        server.optimizer._index_update_count.update({int(k): v for k, v in counts.get("counts", {}).items()})
+    for key, table in tables.items():
+        info = table["meta"]
+        dtype = np.dtype(info["dtype"])
+        if info["kind"] == "dense":
+            entry = DenseEntry(dtype=dtype, value=table["weights"].reshape(-1).astype(dtype))
+            if server.multi_precision and dtype != np.float32:
+                entry.master = table["weights"].reshape(-1).astype(np.float32)
+            entry.states = [s.reshape(-1).copy() for s in table["states"]] or None
+            server.dense[key] = entry
+            continue
+        rows = RowTable(int(info["row_size"]), table["weights"].dtype, num_states=len(table["states"]))
+        slots = rows.ensure(table["row_ids"], lambda ids: np.zeros((len(ids), rows.row_size), rows.dtype))
+        rows.set_weights(slots, table["weights"])
+        if table["states"]:
+            rows.set_states(slots, table["states"])
+        if server.optimizer is not None and rows.num_states != server.optimizer.num_states():
+            rows.set_num_states(server.optimizer.num_states())
+        server.sparse[key] = SparseEntry(dtype=dtype, row_size=int(info["row_size"]), table=rows,
+                                         local_rows=int(info["local_rows"]), row_offset=int(info["row_offset"]),
+                                         spec=server.specs.get(key) if info.get("lazy") else None)
 
 
 def _merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,

@@ -210,8 +210,7 @@ class RowTable:
             hi = len(self)
             self._reserve(hi)
             self._arenas[0][lo:hi] = rows
-            for states in self._arenas[1:]:
-                states[lo:hi] = 0
+            pass
             slots[missing] = new
         return slots
 

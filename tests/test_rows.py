@@ -1,0 +1,333 @@
+"""RowIndex and RowTable against a plain dict reference model (hypothesis state machines), plus edge cases."""
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvstore_lazy.store import rows
+from kvstore_lazy.store.rows import RowIndex, RowTable
+
+ROW = 3
+U64 = np.uint64
+
+
+@pytest.fixture(autouse=True)
+def debug_checks(monkeypatch):
+    """Every test runs with RowIndex.insert's precondition checks on."""
+    monkeypatch.setattr(rows, "DEBUG", True)
+
+
+def ids_with_home(bucket_bits: int, buckets: set, starts=(0, 2**40, 2**64 - 2**18), span=2**18) -> list:
+    """Ids from a few ranges whose home bucket in a 2**bucket_bits table is in ``buckets``.
+
+    Home buckets are the top bits of the hash, so these ids also share their home in every smaller table.
+    """
+    probe = RowIndex()
+    probe._new_table(1 << bucket_bits)
+    out = []
+    for start in starts:
+        cand = np.arange(span, dtype=U64) + U64(start)
+        out += cand[np.isin(probe._home(cand), list(buckets))].tolist()
+    return out
+
+
+# ids crowding bucket 0 and the last bucket (so probe runs wrap around the end of the table)
+COLLIDING = ids_with_home(12, {0, 4095})
+
+row_id = st.one_of(
+    st.integers(0, 40),
+    st.integers(2**40 - 20, 2**40 + 20),
+    st.integers(2**64 - 20, 2**64 - 1),
+    st.sampled_from(COLLIDING),
+)
+id_batch = st.lists(row_id, max_size=60)
+unique_batch = st.lists(row_id, unique=True, max_size=60)
+id_range = st.tuples(st.integers(0, 2**64 - 1), st.integers(1, 400))  # (start, count), clipped at 2**64 - 1
+
+
+def range_ids(start, count) -> list:
+    return list(range(start, min(start + count, 2**64)))
+
+
+def arr(ids) -> np.ndarray:
+    return np.array(ids, dtype=U64)
+
+
+class IndexMachine(RuleBasedStateMachine):
+    @initialize(capacity=st.integers(0, 8))
+    def start(self, capacity):
+        self.index = RowIndex(capacity)
+        self.model = {}  # id -> slot
+
+    def _insert(self, ids):
+        new = [i for i in ids if i not in self.model]
+        slots = self.index.insert(arr(new))
+        assert slots.dtype == np.int64
+        assert slots.tolist() == list(range(len(self.model), len(self.model) + len(new)))
+        self.model.update(zip(new, slots.tolist()))
+
+    @rule(ids=unique_batch)
+    def insert(self, ids):
+        self._insert(ids)
+
+    @rule(span=id_range)
+    def insert_range(self, span):
+        self._insert(range_ids(*span))
+
+    @rule(ids=id_batch)
+    def lookup(self, ids):
+        got = self.index.lookup(arr(ids))
+        assert got.dtype == np.int64
+        assert got.tolist() == [self.model.get(i, -1) for i in ids]
+
+    @invariant()
+    def same_rows(self):
+        assert len(self.index) == len(self.model)
+        assert self.index.row_ids().tolist() == list(self.model)  # dicts keep insertion (= slot) order
+        assert len(self.index) <= rows.MAX_LOAD * len(self.index._table)
+
+
+class TableMachine(RuleBasedStateMachine):
+    @initialize(capacity=st.integers(0, 6), num_states=st.integers(0, 2))
+    def start(self, capacity, num_states):
+        self.table = RowTable(ROW, np.float32, num_states, capacity)
+        self.model = {}  # id -> [weights, [states]]
+        self.calls = []
+
+    def make_rows(self, ids):
+        self.calls.append(ids.tolist())
+        return (ids % U64(1000)).astype(np.float32)[:, None] + np.arange(ROW, dtype=np.float32)
+
+    def slots_of(self, ids):
+        return self.table.lookup(arr(ids))
+
+    def _ensure(self, ids):
+        missing = [i for i in ids if i not in self.model]
+        self.calls = []
+        slots = self.table.ensure(arr(ids), self.make_rows)
+        assert self.calls == ([missing] if missing else [])
+        for i in missing:
+            self.model[i] = [np.float32(i % 1000) + np.arange(ROW, dtype=np.float32),
+                             [np.zeros(ROW, np.float32) for _ in range(self.table.num_states)]]
+        assert slots.tolist() == self.slots_of(ids).tolist()
+        assert self.table.row_ids()[slots].tolist() == ids
+        np.testing.assert_array_equal(self.table.weights(slots), np.array([self.model[i][0] for i in ids]).reshape(-1, ROW))
+
+    @rule(ids=unique_batch)
+    def ensure(self, ids):
+        self._ensure(ids)
+
+    @rule(span=id_range)
+    def ensure_range(self, span):
+        self._ensure(range_ids(*span))
+
+    @rule(ids=id_batch)
+    def lookup(self, ids):
+        assert [s >= 0 for s in self.slots_of(ids).tolist()] == [i in self.model for i in ids]
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), seed=st.integers(0, 2**32 - 1))
+    def set_weights(self, data, seed):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.model)), unique=True, max_size=20))
+        values = np.random.default_rng(seed).standard_normal((len(ids), ROW)).astype(np.float32)
+        self.table.set_weights(self.slots_of(ids), values)
+        for i, v in zip(ids, values):
+            self.model[i][0] = v
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), seed=st.integers(0, 2**32 - 1))
+    def set_states(self, data, seed):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.model)), unique=True, max_size=20))
+        rng = np.random.default_rng(seed)
+        values = [rng.standard_normal((len(ids), ROW)).astype(np.float32) for _ in range(self.table.num_states)]
+        self.table.set_states(self.slots_of(ids), values)
+        for k, i in enumerate(ids):
+            self.model[i][1] = [v[k] for v in values]
+
+    @rule(n=st.integers(0, 3))
+    def set_num_states(self, n):
+        self.table.set_num_states(n)
+        for entry in self.model.values():
+            entry[1] = [np.zeros(ROW, np.float32) for _ in range(n)]
+
+    @invariant()
+    def same_rows(self):
+        table, model = self.table, self.model
+        assert len(table) == len(model)
+        ids, weights, states = table.items()
+        want = sorted(model)
+        assert ids.dtype == U64 and ids.tolist() == want
+        assert weights.shape == (len(want), ROW) and weights.dtype == np.float32
+        np.testing.assert_array_equal(weights, np.array([model[i][0] for i in want]).reshape(-1, ROW))
+        assert len(states) == table.num_states
+        for k, s in enumerate(states):
+            np.testing.assert_array_equal(s, np.array([model[i][1][k] for i in want]).reshape(-1, ROW))
+        got = table.states(table.lookup(ids))
+        for a, b in zip(got, states):
+            np.testing.assert_array_equal(a, b)
+
+
+STATEFUL = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestIndexModel = IndexMachine.TestCase
+TestIndexModel.settings = STATEFUL
+TestTableModel = TableMachine.TestCase
+TestTableModel.settings = STATEFUL
+
+
+def test_colliding_pool_is_big_enough():
+    assert len(COLLIDING) > 200
+
+
+def test_empty_batches():
+    index = RowIndex()
+    for empty in ([], np.array([], dtype=U64), np.array([], dtype=np.int64)):
+        assert index.lookup(empty).shape == (0,) and index.lookup(empty).dtype == np.int64
+        assert index.insert(empty).shape == (0,)
+    assert len(index) == 0 and index.row_ids().shape == (0,)
+    table = RowTable(ROW, np.float32, 2)
+    assert table.ensure([], lambda ids: pytest.fail("make_rows called")).shape == (0,)
+    assert table.weights([]).shape == (0, ROW)
+    assert [s.shape for s in table.states([])] == [(0, ROW), (0, ROW)]
+    table.set_weights([], np.empty((0, ROW)))
+    table.set_states([], [np.empty((0, ROW))] * 2)
+    ids, weights, states = table.items()
+    assert ids.shape == (0,) and weights.shape == (0, ROW) and [s.shape for s in states] == [(0, ROW)] * 2
+    table.ensure([7], lambda ids: np.ones((1, ROW)))
+    assert table.lookup([]).shape == (0,)
+
+
+def test_extreme_ids():
+    index = RowIndex(capacity=0)
+    extremes = [0, 2**64 - 1, 2**63, 2**63 - 1, 1, 2**40]
+    assert index.insert(extremes).tolist() == list(range(6))
+    assert index.lookup([2**64 - 1, 0, 2**64 - 2, 2]).tolist() == [1, 0, -1, -1]
+    assert index.row_ids().tolist() == extremes
+    assert index.lookup(np.array([0, 2**40], dtype=np.int64)).tolist() == [0, 5]  # int64 input works too
+
+
+def test_probe_runs_wrap_around_the_table_end():
+    index = RowIndex(capacity=64)  # 128 buckets
+    last = ids_with_home(7, {127})[:40]
+    index.insert(last)
+    assert (index._table[np.r_[127, 0:39]] >= 0).all()  # one run from the last bucket on through 0..38
+    assert index.lookup(last).tolist() == list(range(40))
+    assert (index.lookup(ids_with_home(7, {0})[:50]) == -1).all()  # absent ids probing that run
+
+
+def test_batch_larger_than_capacity():
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(np.unique(rng.integers(0, 2**64 - 1, 120_000, dtype=U64, endpoint=True)))
+    index = RowIndex(capacity=1)
+    assert (index.insert(ids) == np.arange(len(ids))).all()
+    order = rng.permutation(len(ids))
+    assert (index.lookup(ids[order]) == order).all()
+    absent = np.setdiff1d(rng.integers(0, 2**64 - 1, 5000, dtype=U64, endpoint=True), ids)
+    assert (index.lookup(absent) == -1).all()
+    # and a second huge batch on top of the first
+    more = np.setdiff1d(np.arange(2**40, 2**40 + 150_000, dtype=U64), ids)
+    assert (index.insert(more) == np.arange(len(ids), len(ids) + len(more))).all()
+    assert (index.lookup(more) == np.arange(len(ids), len(ids) + len(more))).all()
+    assert (index.lookup(ids[order]) == order).all()
+
+    table = RowTable(4, np.float64, 1, initial_capacity=1)
+    slots = table.ensure(ids[:50_000], lambda new: new[:, None].astype(np.float64) + np.zeros(4))
+    assert (slots == np.arange(50_000)).all()
+    np.testing.assert_array_equal(table.weights(slots[::7])[:, 0], ids[:50_000:7].astype(np.float64))
+    assert not table.states(slots)[0].any()
+
+
+def test_ensure_mixes_present_and_absent_in_any_order():
+    table = RowTable(2, np.float32, 1)
+    table.ensure([5, 9], lambda ids: np.full((len(ids), 2), 1.0))
+    seen = []
+
+    def make_rows(ids):
+        seen.append(ids.tolist())
+        return np.full((len(ids), 2), 2.0)
+
+    slots = table.ensure([3, 9, 11, 5], make_rows)
+    assert seen == [[3, 11]]
+    assert slots.tolist() == [2, 1, 3, 0]
+    assert table.weights(slots)[:, 0].tolist() == [2.0, 1.0, 2.0, 1.0]
+
+
+def test_set_num_states_resets_states():
+    table = RowTable(ROW, np.float32, num_states=1)
+    slots = table.ensure([1, 2], lambda ids: np.ones((2, ROW)))
+    table.set_states(slots, [np.full((2, ROW), 5.0)])
+    table.set_num_states(2)
+    assert table.num_states == 2
+    states = table.states(slots)
+    assert len(states) == 2 and not any(s.any() for s in states)
+    table.set_states(slots, [np.ones((2, ROW)), np.full((2, ROW), 3.0)])
+    table.set_num_states(2)  # same count: still fresh zeros
+    assert not any(s.any() for s in table.states(slots))
+    table.set_num_states(0)
+    assert table.states(slots) == [] and table.items()[2] == []
+    new = table.ensure([1, 3], lambda ids: np.full((1, ROW), 7.0))
+    np.testing.assert_array_equal(table.weights(new), [[1.0] * ROW, [7.0] * ROW])  # weights survive
+    with pytest.raises(ValueError):
+        table.set_states(new, [np.zeros((2, ROW))])
+
+
+def test_make_rows_of_wrong_shape_leaves_table_unchanged():
+    table = RowTable(ROW, np.float32)
+    table.ensure([1], lambda ids: np.ones((1, ROW)))
+    with pytest.raises(ValueError):
+        table.ensure([2, 3], lambda ids: np.ones((2, ROW + 1)))
+    with pytest.raises(RuntimeError):
+        table.ensure([2, 3], lambda ids: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert len(table) == 1 and table.lookup([2, 3]).tolist() == [-1, -1]
+
+
+def test_slots_out_of_range():
+    table = RowTable(ROW, np.float32, 1)
+    table.ensure([1, 2], lambda ids: np.ones((2, ROW)))
+    for bad in ([2], [-1], [0, 5]):
+        with pytest.raises(IndexError):
+            table.weights(bad)
+        with pytest.raises(IndexError):
+            table.set_weights(bad, 0)
+        with pytest.raises(IndexError):
+            table.states(bad)
+
+
+def test_debug_checks_catch_bad_inserts():
+    index = RowIndex()
+    index.insert([1, 2])
+    with pytest.raises(AssertionError):
+        index.insert([3, 3])
+    with pytest.raises(AssertionError):
+        index.insert([4, 2])
+    assert len(index) == 2
+
+
+def test_growth_with_an_escaped_view_copies_instead():
+    table = RowTable(2, np.int64, 1, initial_capacity=2)
+    table.ensure([10, 11], lambda ids: ids[:, None].astype(np.int64) * [1, -1])
+    view = table._arenas[0][:2]  # a live view makes in-place realloc unsafe: growth must copy
+    table.ensure(np.arange(100, 200, dtype=U64), lambda ids: ids[:, None].astype(np.int64) * [1, -1])
+    assert view.tolist() == [[10, -10], [11, -11]]
+    ids, weights, states = table.items()
+    assert (weights[:, 0] == ids.astype(np.int64)).all() and not states[0].any()
+
+
+def test_int64_slot_tables(monkeypatch):
+    monkeypatch.setattr(rows, "_MAX_INT32_SLOTS", 0)
+    index = RowIndex(capacity=2)
+    ids = np.arange(2**64 - 5000, 2**64 - 1, dtype=U64)
+    index.insert(ids)
+    assert index._table.dtype == np.int64
+    assert (index.lookup(ids[::-1]) == np.arange(len(ids))[::-1]).all()
+
+
+def test_memory_per_row_near_raw():
+    n, row_size, num_states = 100_000, 32, 2
+    table = RowTable(row_size, np.float32, num_states)
+    ids = np.arange(n, dtype=U64) * U64(0x9E3779B97F4A7C15)
+    for lo in range(0, n, 8192):
+        table.ensure(ids[lo:lo + 8192], lambda new: np.zeros((len(new), row_size), np.float32))
+    raw = row_size * 4 * (1 + num_states)
+    assert table.nbytes() <= 1.25 * raw * n
+    assert table._index.nbytes() <= 32 * n
