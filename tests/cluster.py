@@ -97,12 +97,7 @@ class Job:
 
     def run_workers(self, script: str, args: list[str], timeout: float = 120.0,
                     worker_env: dict | None = None) -> list[Proc]:
-        workers = []
-        for rank in range(self.num_workers):
-            env = self.env("worker", worker_env)
-            env["KVSTORE_LAZY_TEST_WORKER"] = str(rank)
-            workers.append(self._spawn(f"worker{rank}", [PYTHON, str(ROOT / "tests" / "workers" / script)] + args,
-                                       env))
+        workers = self.spawn_workers(script, args, worker_env)
         self.wait(timeout)
         return workers
 
@@ -121,6 +116,30 @@ class Job:
         failed = [p for p in self.procs if p.popen.returncode != 0]
         if failed:
             raise JobFailed(", ".join(f"{p.name} exited {p.popen.returncode}" for p in failed) + "\n" + self.report())
+
+    def wait_for(self, names: list[str], timeout: float) -> dict[str, int]:
+        """Wait for the named processes only; return their exit codes; raise JobHung at the deadline."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for proc in self.procs:
+            if proc.name in names:
+                try:
+                    codes[proc.name] = proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    self.kill()
+                    raise JobHung(f"{proc.name} did not finish within {timeout:.0f}s\n" + self.report()) from None
+        return codes
+
+    def spawn_workers(self, script: str, args: list[str], worker_env: dict | None = None) -> list[Proc]:
+        workers = []
+        for rank in range(self.num_workers):
+            env = self.env("worker", worker_env)
+            workers.append(self._spawn(f"worker{rank}", [PYTHON, str(ROOT / "tests" / "workers" / script)] + args,
+                                       env))
+        return workers
+
+    def alive(self, name: str) -> bool:
+        return next(p for p in self.procs if p.name == name).popen.poll() is None
 
     def kill(self) -> None:
         for proc in self.procs:

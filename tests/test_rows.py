@@ -168,7 +168,7 @@ class TableMachine(RuleBasedStateMachine):
             np.testing.assert_array_equal(a, b)
 
 
-STATEFUL = settings(max_examples=150, stateful_step_count=30, deadline=None)
+STATEFUL = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestIndexModel = IndexMachine.TestCase
 TestIndexModel.settings = STATEFUL
 TestTableModel = TableMachine.TestCase

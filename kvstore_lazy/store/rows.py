@@ -210,7 +210,8 @@ class RowTable:
             hi = len(self)
             self._reserve(hi)
             self._arenas[0][lo:hi] = rows
-            pass
+            for states in self._arenas[1:]:
+                states[lo:hi] = 0
             slots[missing] = new
         return slots
 

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import save  # noqa: E402
+from common import save, tcp_bytes_sent  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -47,12 +47,7 @@ shape = (args.rows, args.dim)
 results = {}
 
 
-def wchar() -> int:
-    with open("/proc/self/io") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("wchar"))
-
-
-before = wchar()
+before = tcp_bytes_sent()
 if args.init == "lazy":
     from kvstore_lazy.worker import init_lazy
     init_lazy(kv, args.key, shape, dtype=dt, init=args.initializer, seed=args.seed)
@@ -60,7 +55,7 @@ else:
     # rows given explicitly (also what a stock job does): a deterministic full weight
     full = ((np.arange(args.rows * args.dim).reshape(shape) % 23) / 50.0 - 0.2).astype(dt)
     kv.init(args.key, mx.nd.array(full, dtype=dt).tostype("row_sparse"))
-results["init_wchar"] = wchar() - before
+results["init_bytes"] = tcp_bytes_sent() - before
 
 rng = np.random.RandomState(1000 + rank)
 touched = set()
@@ -104,4 +99,4 @@ results["touched"] = all_touched
 results["final_ids"] = ids
 results["final_vals"] = vals
 save(args.out, rank, results)
-print("worker", rank, "done; init wrote", results["init_wchar"], "bytes", flush=True)
+print("worker", rank, "done; init sent", results["init_bytes"], "bytes", flush=True)

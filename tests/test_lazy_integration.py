@@ -1,0 +1,113 @@
+"""Lazy row_sparse keys against stock workers (issue: lazy row tables).
+
+- the init push of a lazy (10_000_000, 32) key ships no rows (bytes the worker's TCP sockets sent during kv.init), next to the
+  stock server initialising the same key in the same test;
+- the rows stored across all servers are exactly the rows touched, and pulled values before any update equal the
+  initializer's function of (seed, key, row), whatever the number of servers and the pull order;
+- with rows given explicitly at init, training matches the stock server on every row;
+- a pull of a row beyond input_dim makes the worker fail loudly, the server logs it and stays up.
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import load
+from kvstore_lazy import checkpoint
+from kvstore_lazy.initializers import parse_initializer
+
+pytestmark = pytest.mark.integration
+
+UNIFORM = '["uniform", {"scale": 0.07}]'
+
+
+def run(job_factory, name, server, servers, args, mode="dist_sync", bound=1000, timeout=180, workers=2,
+        server_env=None):
+    job = job_factory(name, num_workers=workers, num_servers=servers, server=server,
+                      mode_env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(bound)})
+    env = {"KVSTORE_LAZY_SNAPSHOT_DIR": str(job.tmp / "snap")}
+    env.update(server_env or {})
+    job.start(server_env=env)
+    out = str(job.tmp / "res")
+    job.run_workers("lazy.py", ["--out", out, "--mode", mode] + args, timeout=timeout)
+    return [load(out, r) for r in range(workers)], job
+
+
+def stored_rows(job, servers, key):
+    """Global row ids stored on all servers, from the snapshots they write at shutdown."""
+    ids = []
+    for rank in range(servers):
+        manifest = checkpoint.read_manifest(job.tmp / "snap", rank)
+        info = manifest["keys"].get(str(key))
+        if info is not None:
+            ids.append(checkpoint.read_snapshot_key(job.tmp / "snap", rank, key, info)["row_ids"])
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+    assert len(np.unique(ids)) == len(ids), "a row is stored on two servers"
+    return np.sort(ids)
+
+
+def expected_rows(ids, rows, dim, seed=42, key=3, init=UNIFORM):
+    return parse_initializer(init).rows(seed, key, np.asarray(ids, np.uint64), (rows, dim), np.float32)
+
+
+@pytest.mark.parametrize("servers,bound", [(1, 1000), (2, 1000), (2, 10 ** 9)],
+                         ids=["1server", "2servers-partitioned", "2servers-unpartitioned"])
+def test_lazy_init_ships_no_rows_and_stores_only_touched(job_factory, servers, bound):
+    rows, dim = 10_000_000, 32
+    res, job = run(job_factory, "lazy", "lazy", servers,
+                   ["--init", "lazy", "--rows", str(rows), "--dim", str(dim), "--optimizer", "sgd",
+                    "--shuffle-pulls"], bound=bound)
+    # rank 0 pushed the init: no rows, only master keys and the declaration command
+    assert res[0]["init_bytes"] < 4096, res[0]["init_bytes"]
+    # before any update every worker saw the initializer's values, in any pull order
+    for r in range(2):
+        np.testing.assert_array_equal(res[r]["probe_vals"], expected_rows(res[r]["probe_ids"], rows, dim))
+    touched = np.unique(np.concatenate([res[r]["touched"] for r in range(2)])).astype(np.uint64)
+    np.testing.assert_array_equal(stored_rows(job, servers, 3), touched)
+    # training moved the rows
+    assert not np.allclose(res[0]["final_vals"], expected_rows(res[0]["final_ids"], rows, dim))
+
+
+def test_stock_init_ships_every_row(job_factory):
+    """The same key on the stock server: kv.init must ship every row (here 1_000_000 x 32 float32 = 128 MB;
+    10_000_000 rows ship 1.28 GB and are measured by `make bench`)."""
+    rows, dim = 1_000_000, 32
+    res, _ = run(job_factory, "stock", "stock", 1,
+                 ["--init", "explicit", "--rows", str(rows), "--dim", str(dim), "--optimizer", "sgd", "--steps", "1"])
+    assert res[0]["init_bytes"] >= rows * dim * 4
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad", "ftrl"])
+def test_explicit_rows_match_stock(job_factory, optimizer):
+    args = ["--init", "explicit", "--rows", "2000", "--dim", "8", "--optimizer", optimizer, "--steps", "6"]
+    stock, _ = run(job_factory, "stock", "stock", 2, args)
+    lazy, _ = run(job_factory, "lazy", "lazy", 2, args)
+    for r in range(2):
+        np.testing.assert_array_equal(lazy[r]["final_ids"], stock[r]["final_ids"])
+        np.testing.assert_allclose(lazy[r]["final_vals"], stock[r]["final_vals"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(lazy[r]["probe_vals"], stock[r]["probe_vals"])
+
+
+def test_same_initial_rows_with_1_and_2_servers_and_shuffled_pulls(job_factory):
+    args = ["--init", "lazy", "--rows", "100000", "--dim", "4", "--optimizer", "adam",
+            "--initializer", '["normal", {"sigma": 0.5}]']
+    one, _ = run(job_factory, "one", "lazy", 1, args)
+    two, _ = run(job_factory, "two", "lazy", 2, args + ["--shuffle-pulls"], mode="dist_async")
+    for r in range(2):
+        np.testing.assert_array_equal(one[r]["probe_vals"], two[r]["probe_vals"])
+        np.testing.assert_array_equal(one[r]["probe_vals"],
+                                      expected_rows(one[r]["probe_ids"], 100000, 4, init='["normal", {"sigma": 0.5}]'))
+
+
+def test_pull_beyond_input_dim_fails_the_worker_loudly(job_factory):
+    job = job_factory("bad", num_workers=1, num_servers=1, server="lazy")
+    job.start()
+    job.spawn_workers("lazy.py", ["--out", str(job.tmp / "res"), "--init", "lazy", "--rows", "1000", "--bad-row"])
+    codes = job.wait_for(["worker0"], timeout=60)
+    assert codes["worker0"] != 0
+    assert job.alive("server0"), "the server must survive a bad request"
+    worker_log = job.log("worker0")
+    assert "UNEXPECTED" not in worker_log
+    assert "Check failed" in worker_log
+    server_log = job.log("server0")
+    assert "row 1005 is out of range" in server_log and "worker 0" in server_log
