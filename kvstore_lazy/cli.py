@@ -21,10 +21,13 @@ def server_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.materialize:
         os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
-    rank_hint = os.environ.get("DMLC_TASK_ID", "?")
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s kvstore_lazy server[{rank_hint}] %(levelname)s %(message)s")
+    from . import runtime
     from .runtime import Config, ServerNode, StartupError
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(runtime.NodeLogFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s kvstore_lazy %(node)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         config = Config.from_env()
     except StartupError as exc:

@@ -30,6 +30,17 @@ class StartupError(RuntimeError):
     pass
 
 
+_node_label = "server ?"
+
+
+class NodeLogFilter(logging.Filter):
+    """Adds ``%(node)s`` ("server 1" once the rank is known) to log records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = _node_label
+        return True
+
+
 def _interface_ip(name: str) -> str | None:
     SIOCGIFADDR = 0x8915
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -164,6 +175,8 @@ class ServerNode:
                 reply = msg
         self.my_id, peers = membership.find_self(reply.meta, cfg.host, self.port)
         rank = membership.id_to_rank(self.my_id)
+        global _node_label
+        _node_label = f"server {rank}"
         for peer in peers:
             self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
         self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)

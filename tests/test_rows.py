@@ -23,12 +23,10 @@ def ids_with_home(bucket_bits: int, buckets: set, starts=(0, 2**40, 2**64 - 2**1
 
     Home buckets are the top bits of the hash, so these ids also share their home in every smaller table.
     """
-    probe = RowIndex()
-    probe._new_table(1 << bucket_bits)
     out = []
     for start in starts:
         cand = np.arange(span, dtype=U64) + U64(start)
-        out += cand[np.isin(probe._home(cand), list(buckets))].tolist()
+        out += cand[np.isin(rows._home(cand, 1 << bucket_bits), list(buckets))].tolist()
     return out
 
 
@@ -279,6 +277,19 @@ def test_make_rows_of_wrong_shape_leaves_table_unchanged():
     with pytest.raises(RuntimeError):
         table.ensure([2, 3], lambda ids: (_ for _ in ()).throw(RuntimeError("boom")))
     assert len(table) == 1 and table.lookup([2, 3]).tolist() == [-1, -1]
+
+
+def test_out_of_memory_while_growing_leaves_table_unchanged(monkeypatch):
+    table = RowTable(ROW, np.float32, 1, initial_capacity=2)
+    table.ensure([1, 2], lambda ids: np.ones((2, ROW)))
+
+    def no_memory(holder, key, rows):
+        raise MemoryError
+
+    monkeypatch.setattr(rows, "_resize_rows", no_memory)
+    with pytest.raises(MemoryError):
+        table.ensure([3], lambda ids: np.ones((1, ROW)))
+    assert len(table) == 2 and table.lookup([1, 2, 3]).tolist() == [0, 1, -1]
 
 
 def test_slots_out_of_range():

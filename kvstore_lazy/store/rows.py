@@ -70,13 +70,40 @@ def _resize_rows(holder, key, rows: int) -> None:
         holder[key] = new
 
 
+def _home(ids: np.ndarray, buckets: int) -> np.ndarray:
+    """Home bucket of each id in a table of ``buckets`` (a power of two): fold the high half in, multiply, keep the
+    top bits. A bucket in a smaller table is a prefix of the one in a larger table."""
+    h = ids >> _FOLD
+    h ^= ids
+    h *= _MULT
+    h >>= np.uint64(65 - buckets.bit_length())
+    return h.astype(np.intp)
+
+
+def _place(table: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
+    """Write each slot into the first empty bucket of its id's probe run (ids known absent from ``table``)."""
+    mask = len(table) - 1
+    pos = _home(ids, len(table))
+    slots = slots.astype(table.dtype)
+    while len(pos):
+        free = table[pos] < 0
+        table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
+        left = table[pos] != slots  # all but the survivors (a slot is never in the table twice)
+        pos, slots = pos[left], slots[left]
+        pos += 1
+        pos &= mask
+
+
 class RowIndex:
-    """uint64 row id -> int64 slot; slots are handed out ``0, 1, 2, ...`` in insertion order."""
+    """uint64 row id -> int64 slot; slots are handed out ``0, 1, 2, ...`` in insertion order.
+
+    Not thread-safe: callers serialise access (a concurrent reader only makes growth fall back to copying).
+    """
 
     def __init__(self, capacity: int = 1024):
         self._n = 0
         self._keys = np.zeros(max(int(capacity), 1), np.uint64)  # row id by slot; len() is the capacity
-        self._new_table(self._buckets_for(capacity))
+        self._table = self._new_table(capacity)
 
     def __len__(self) -> int:
         return self._n
@@ -87,13 +114,13 @@ class RowIndex:
         out = np.full(len(ids), -1, np.int64)
         if not self._n or not len(ids):
             return out
-        table, keys, mask = self._table, self._keys, self._mask
-        pos = self._home(ids)
+        table, keys, mask = self._table, self._keys, len(self._table) - 1
+        pos = _home(ids, len(table))
         todo = np.arange(len(ids))
-        while len(todo):
+        while len(todo):  # one probe per round for the ids still unresolved; runs always end at an empty bucket
             slot = table[pos]
             used = slot >= 0
-            hit = used & (keys[slot] == ids)  # keys[-1] for empty buckets is harmless: masked by `used`
+            hit = used & (keys[slot] == ids)  # keys[-1] read for empty buckets is masked off by `used`
             out[todo[hit]] = slot[hit]
             more = used & ~hit
             todo, ids, pos = todo[more], ids[more], pos[more]
@@ -102,7 +129,10 @@ class RowIndex:
         return out
 
     def insert(self, row_ids) -> np.ndarray:
-        """Add ``row_ids`` (unique and absent: the caller guarantees it) as slots ``len, len+1, ...`` in order."""
+        """Add ``row_ids`` (unique and absent: the caller guarantees it) as slots ``len, len+1, ...`` in order.
+
+        With ``DEBUG`` set, a duplicate or present id raises ``AssertionError`` and nothing changes.
+        """
         ids = as_row_ids(row_ids)
         start, m = self._n, len(ids)
         if DEBUG:
@@ -114,11 +144,11 @@ class RowIndex:
         if start + m > len(self._keys):
             _resize_rows(vars(self), "_keys", _grown_capacity(len(self._keys), start + m))
         self._keys[start:start + m] = ids
-        self._n = start + m
-        if self._n > self._limit:
-            self._rehash()
+        if start + m > MAX_LOAD * len(self._table):
+            self._table = self._rebuilt(start + m)
         else:
-            self._place(ids, slots)
+            _place(self._table, ids, slots)
+        self._n = start + m
         return slots
 
     def row_ids(self) -> np.ndarray:
@@ -131,47 +161,26 @@ class RowIndex:
     # -- internals
 
     @staticmethod
-    def _buckets_for(n: int) -> int:
-        need = max(_MIN_BUCKETS, int(np.ceil(n / MAX_LOAD)))
-        return 1 << (need - 1).bit_length()
+    def _new_table(rows: int) -> np.ndarray:
+        """An empty table with room for ``rows`` at ``MAX_LOAD``: a power-of-two count of buckets, all ``-1``."""
+        buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / MAX_LOAD))) - 1).bit_length()
+        return np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
 
-    def _new_table(self, buckets: int) -> None:
-        self._table = None  # free the old table before allocating the new one
-        self._table = np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
-        self._mask = buckets - 1
-        self._shift = np.uint64(64 - (buckets.bit_length() - 1))
-        self._limit = int(buckets * MAX_LOAD)
-
-    def _home(self, ids: np.ndarray) -> np.ndarray:
-        """Home bucket of each id: fold the high half in, multiply, keep the top bits."""
-        h = ids >> _FOLD
-        h ^= ids
-        h *= _MULT
-        h >>= self._shift
-        return h.astype(np.intp)
-
-    def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
-        """Write ``slots`` into the table at the first empty bucket of each id's probe run (ids known absent)."""
-        table, mask = self._table, self._mask
-        pos = self._home(ids)
-        slots = slots.astype(table.dtype)
-        while len(pos):
-            free = table[pos] < 0
-            table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
-            left = table[pos] != slots  # everyone but the survivors (a slot is in the table at most once)
-            pos, slots = pos[left], slots[left]
-            pos += 1
-            pos &= mask
-
-    def _rehash(self) -> None:
-        self._new_table(self._buckets_for(self._n))
-        for lo in range(0, self._n, _REHASH_CHUNK):
-            hi = min(lo + _REHASH_CHUNK, self._n)
-            self._place(self._keys[lo:hi], np.arange(lo, hi))
+    def _rebuilt(self, n: int) -> np.ndarray:
+        """A new table holding slots ``0 .. n-1``, filled chunk by chunk to bound the temporaries."""
+        table = self._new_table(n)
+        for lo in range(0, n, _REHASH_CHUNK):
+            hi = min(lo + _REHASH_CHUNK, n)
+            _place(table, self._keys[lo:hi], np.arange(lo, hi))
+        return table
 
 
 class RowTable:
-    """Rows of one ``row_sparse`` key: weights plus ``num_states`` optimizer states per row, created on first touch."""
+    """Rows of one ``row_sparse`` key: weights plus ``num_states`` optimizer states per row, created on first touch.
+
+    Arena rows at and past ``len(self)`` are always zero: arenas start as ``np.zeros``, growth zero-fills, slots
+    past ``len`` can't be written and rows are never removed. So a new row's states need no write. Not thread-safe.
+    """
 
     def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024):
         self.row_size = int(row_size)
@@ -195,24 +204,21 @@ class RowTable:
         """Slots of ``row_ids`` (unique), creating the absent rows: weights ``make_rows(missing_ids)``, zero states.
 
         ``make_rows`` gets the missing ids in their ``row_ids`` order and must return a ``(m, row_size)`` array;
-        it runs before anything changes, so if it raises the table is untouched.
+        it runs before anything changes, so if it raises the table is untouched; so does running out of memory
+        while growing the arenas.
         """
         ids = as_row_ids(row_ids)
         slots = self._index.lookup(ids)
         missing = np.flatnonzero(slots < 0)
         if len(missing):
             new_ids = ids[missing]
-            rows = np.asarray(make_rows(new_ids))
+            rows = np.asarray(make_rows(new_ids), dtype=self.dtype)
             if rows.shape != (len(new_ids), self.row_size):
                 raise ValueError(f"make_rows returned shape {rows.shape}, want {(len(new_ids), self.row_size)}")
             lo = len(self)
-            new = self._index.insert(new_ids)
-            hi = len(self)
-            self._reserve(hi)
-            self._arenas[0][lo:hi] = rows
-            for states in self._arenas[1:]:
-                states[lo:hi] = 0
-            slots[missing] = new
+            self._reserve(lo + len(new_ids))
+            slots[missing] = self._index.insert(new_ids)
+            self._arenas[0][lo:len(self)] = rows  # their states are zero already (see the class docstring)
         return slots
 
     def weights(self, slots) -> np.ndarray:
