@@ -88,7 +88,7 @@ def _place(table: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
     while len(pos):
         free = table[pos] < 0
         table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
-        left = table[pos] != slots  # all but the survivors (a slot is never in the table twice)
+        left = ~free  # all but the survivors (a slot is never in the table twice)
         pos, slots = pos[left], slots[left]
         pos += 1
         pos &= mask
