@@ -20,7 +20,7 @@ import numpy as np
 
 from .protocol import mxnet as proto
 
-__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body"]
+__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats"]
 
 _str_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, list[str]]" = weakref.WeakKeyDictionary()
 
@@ -94,3 +94,87 @@ def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed:
 def stats(kv: "mx.kv.KVStore") -> None:
     """Ask every server to log its per-key row counts and bytes now (they also do on a timer and at exit)."""
     kv._send_command_to_servers(proto.LAZY_STATS, "")
+
+
+def _num_servers() -> int:
+    return int(os.environ.get("DMLC_NUM_SERVER", "1"))
+
+
+def _pull_rows(kv, key, shape, dtype, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    out = mx.nd.sparse.zeros("row_sparse", tuple(shape), dtype=dtype)
+    kv.row_sparse_pull(key, out=out, row_ids=mx.nd.array(row_ids, dtype="int64"))
+    return out.indices.asnumpy().astype(np.int64), out.data.asnumpy()
+
+
+def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = False):
+    """The rows of lazy key `key` that exist on the servers: ``(row_ids, values)`` or, with ``states=True``,
+    ``(row_ids, values, [state arrays])``. Row ids are sorted int64; values are ``(len(row_ids),) + shape[1:]``.
+
+    Built on requests a stock worker makes: a LAZY_ROWS command asks each server to list the rows it holds, a
+    row_sparse_pull of the virtual key ``ROWS_HEADER_KEY`` reads the counts and then the ids, and ordinary
+    row_sparse_pulls read the values (and states, through ``rows_state_key``). Nothing is materialized. Int-key
+    KVStores only (Gluon's Trainer, plain kv.init with ints).
+    """
+    kid = key_id(kv, key)
+    kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
+    servers = _num_servers()
+    part = proto.rows_part(servers)
+    header_shape = (servers * part, proto.ROWS_WIDTH)
+    firsts = np.arange(servers, dtype=np.int64) * part
+    _, headers = _pull_rows(kv, proto.ROWS_HEADER_KEY, header_shape, "float64", firsts)
+    counts = headers[:, 0].astype(np.int64)
+    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    wanted = np.concatenate([firsts[s] + 1 + np.arange(-(-counts[s] // proto.ROWS_WIDTH))
+                             for s in range(servers)]).astype(np.int64)
+    ids = np.zeros(0, np.int64)
+    if len(wanted):
+        got_rows, chunks = _pull_rows(kv, proto.ROWS_HEADER_KEY, header_shape, "float64", wanted)
+        per_server = np.searchsorted(got_rows, firsts, side="left").tolist() + [len(got_rows)]
+        parts = [chunks[per_server[s]:per_server[s + 1]].ravel()[:counts[s]] for s in range(servers)]
+        ids = np.sort(np.concatenate(parts).astype(np.int64))
+    row_shape = tuple(int(d) for d in shape[1:])
+    if len(ids) == 0:
+        empty = np.zeros((0,) + row_shape, dtype)
+        return (ids, empty, [empty.copy() for _ in range(num_states)]) if states else (ids, empty)
+    got, values = _pull_rows(kv, key, shape, dtype, ids)
+    assert np.array_equal(got, ids)
+    if not states:
+        return ids, values
+    state_values = [_pull_rows(kv, proto.rows_state_key(kid, j), shape, "float32", ids)[1] for j in range(num_states)]
+    return ids, values, state_values
+
+
+def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:
+    """Atomically ``mx.nd.save`` RowSparseNDArrays holding only the given rows.
+
+    `arrays` maps a name to ``(shape, row_ids, values)`` (a RowSparseNDArray) or to an NDArray (saved as is). Names
+    get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. The file is written
+    beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file intact.
+    """
+    nd = {}
+    for name, value in arrays.items():
+        if isinstance(value, tuple):
+            shape, row_ids, values = value
+            values = np.asarray(values).reshape((len(row_ids),) + tuple(shape[1:]))
+            nd[prefix + name] = mx.nd.sparse.row_sparse_array(
+                (values, np.asarray(row_ids, np.int64)), shape=tuple(shape), dtype=values.dtype)
+        else:
+            nd[prefix + name] = value
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        mx.nd.save(tmp, nd)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -111,3 +111,29 @@ def test_pull_beyond_input_dim_fails_the_worker_loudly(job_factory):
     assert "Check failed" in worker_log
     server_log = job.log("server0")
     assert "row 1005 is out of range" in server_log and "worker 0" in server_log
+
+
+def test_fetch_rows_returns_exactly_the_stored_rows_and_checkpoint_loads(job_factory):
+    rows, dim = 10_000_000, 4
+    res, job = run(job_factory, "fetch", "lazy", 2,
+                   ["--init", "lazy", "--rows", str(rows), "--dim", str(dim), "--optimizer", "adam", "--fetch"])
+    r0 = res[0]
+    touched = np.unique(np.concatenate([res[r]["touched"] for r in range(2)]))
+    np.testing.assert_array_equal(r0["fetched_ids"], touched)
+    np.testing.assert_array_equal(stored_rows(job, 2, 3), touched.astype(np.uint64))
+    # values: what rank 0 pulled at the end for its own rows
+    pos = np.searchsorted(r0["fetched_ids"], r0["final_ids"])
+    np.testing.assert_array_equal(r0["fetched_vals"][pos], r0["final_vals"])
+    # Adam keeps two states per row; they equal the servers' snapshot
+    assert int(r0["fetched_num_states"]) == 2
+    snap_states = {}
+    for rank in range(2):
+        info = checkpoint.read_manifest(job.tmp / "snap", rank)["keys"]["3"]
+        part = checkpoint.read_snapshot_key(job.tmp / "snap", rank, 3, info)
+        for i, row in enumerate(part["row_ids"].tolist()):
+            snap_states[row] = part["states"][0][i]
+    np.testing.assert_array_equal(r0["fetched_state0"], np.stack([snap_states[i] for i in touched.tolist()]))
+    # the checkpoint mx.nd.load reads holds exactly those rows
+    assert str(r0["loaded_stype"]) == "row_sparse"
+    np.testing.assert_array_equal(r0["loaded_indices"], touched)
+    np.testing.assert_array_equal(r0["loaded_data"], r0["fetched_vals"])

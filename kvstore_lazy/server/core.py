@@ -165,6 +165,7 @@ class KVServer:
         self.sparse: dict[int, SparseEntry] = {}
         self.specs: dict[int, LazySpec] = {}
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
+        self.row_queries: dict[int, tuple[int, np.ndarray]] = {}  # worker node id -> (key, existing row ids)
         self.stopped = False
         self.bad_requests = 0
         self.optimizer_body: bytes | None = None
@@ -253,6 +254,8 @@ class KVServer:
                          node_name(msg.sender))
             elif head == mx.LAZY_DECLARE:
                 self.declare(LazySpec.from_json(json.loads(body)))
+            elif head == mx.LAZY_ROWS:
+                self._prepare_rows_query(msg.sender, json.loads(body))
             elif head == mx.LAZY_SNAPSHOT:
                 self.snapshot_requested = True
             elif head == mx.LAZY_STATS:
@@ -411,6 +414,52 @@ class KVServer:
     # ------------------------------------------------------------------------------------------------------------
     # row_sparse keys (DataHandleRowSparse), with lazy row tables
 
+    # ------------------------------------------------------------------------------------------------------------
+    # reading which rows exist, through virtual row_sparse keys a stock worker can pull (worker.fetch_rows)
+
+    def _prepare_rows_query(self, sender: int, body: dict) -> None:
+        key = int(body["key"])
+        entry = self.sparse.get(key)
+        ids = entry.table.row_ids() if entry is not None else np.zeros(0, np.uint64)
+        self.row_queries[sender] = (key, np.sort(ids))
+
+    def _virtual_pull(self, req: Request, key: int, command: mx.DataCommand, kv: KVPairs,
+                      row_ids: np.ndarray) -> tuple[int, Message]:
+        if req.sender not in self.row_queries:
+            raise BadRequest(key, "pull of a row-listing key without a LAZY_ROWS command first")
+        queried, ids = self.row_queries[req.sender]
+        entry = self.sparse.get(queried)
+        if key == mx.ROWS_HEADER_KEY:
+            if command.dtype != np.float64:
+                raise BadRequest(key, "the row-listing key is float64")
+            width = mx.ROWS_WIDTH
+            padded = np.full((len(ids) + width - 1) // width * width, -1.0)
+            padded[:len(ids)] = ids
+            chunks = padded.reshape(-1, width)
+            header = np.zeros((1, width))
+            if entry is not None:
+                header[0, :3] = [len(ids), entry.table.num_states, entry.row_size]
+            table = np.concatenate([header, chunks])
+            if len(row_ids) and int(row_ids[-1]) >= len(table):
+                raise BadRequest(key, f"row-listing row {int(row_ids[-1])} beyond the {len(table)} this server has")
+            rows = table[row_ids]
+        else:
+            state = (key - mx.STATE_KEY_BASE) % mx.MAX_STATES
+            if entry is None or (key - mx.STATE_KEY_BASE) // mx.MAX_STATES != queried:
+                raise BadRequest(key, f"state pull for a key other than the one queried ({queried})")
+            if state >= entry.table.num_states:
+                raise BadRequest(key, f"key {queried} has {entry.table.num_states} optimizer states, not {state + 1}")
+            global_ids = row_ids.astype(np.uint64) + np.uint64(entry.row_offset)
+            slots = entry.table.lookup(global_ids)
+            if np.any(slots < 0):
+                missing = int(global_ids[np.argmax(slots < 0)])
+                raise BadRequest(key, f"state of row {missing} of key {queried} requested, but the row does not exist")
+            rows = entry.table.states(slots)[state]
+        payload = rows.astype(command.dtype, copy=False).tobytes()
+        lens = np.full(len(kv.keys), rows.shape[1] if rows.ndim == 2 else 0, np.int32)
+        lens[0] = 0
+        return self._reply(req, KVPairs(kv.keys, payload, lens))
+
     def _row_sparse(self, msg: Message, command: mx.DataCommand, kv: KVPairs) -> list[tuple[int, Message]]:
         req = Request(msg.sender, msg.meta)
         if len(kv.keys) == 0:
@@ -423,6 +472,12 @@ class KVServer:
         if len(row_ids) > 1 and not np.all(row_ids[1:] > row_ids[:-1]):
             bad = int(np.argmax(row_ids[1:] <= row_ids[:-1])) + 1
             raise BadRequest(key, f"row ids are not sorted and unique (row {int(row_ids[bad])} at position {bad})")
+        if mx.is_virtual_key(key):
+            if msg.meta.push:
+                if len(row_ids) == 0:   # an (empty) kv.init of a virtual key, for string-key KVStores
+                    return [self._reply(req)]
+                raise BadRequest(key, "push to a virtual row-listing key")
+            return [self._virtual_pull(req, key, command, kv, row_ids)]
         if msg.meta.push:
             return self._sparse_push(req, key, command, kv, row_ids)
         return [self._sparse_pull(req, key, command, kv, row_ids)]

@@ -26,6 +26,7 @@ p.add_argument("--steps", type=int, default=5)
 p.add_argument("--batch", type=int, default=64)
 p.add_argument("--shuffle-pulls", action="store_true")
 p.add_argument("--bad-row", action="store_true", help="pull a row id >= rows (must fail loudly)")
+p.add_argument("--fetch", action="store_true", help="rank 0 fetches the existing rows and saves a checkpoint")
 args = p.parse_args()
 
 kv = mx.kv.create(args.mode)
@@ -98,5 +99,19 @@ ids, vals = pull(all_touched)
 results["touched"] = all_touched
 results["final_ids"] = ids
 results["final_vals"] = vals
+if args.fetch and rank == 0:
+    from kvstore_lazy.worker import fetch_rows, save_rows
+    ids, vals, states = fetch_rows(kv, args.key, shape, dtype=dt, states=True)
+    results["fetched_ids"], results["fetched_vals"] = ids, vals
+    results["fetched_num_states"] = len(states)
+    for j, st in enumerate(states):
+        results[f"fetched_state{j}"] = st
+    path = args.out + ".params"
+    save_rows(path, {"embed_weight": (shape, ids, vals)})
+    loaded = mx.nd.load(path)["arg:embed_weight"]
+    results["loaded_stype"] = np.array(loaded.stype)
+    results["loaded_indices"] = loaded.indices.asnumpy()
+    results["loaded_data"] = loaded.data.asnumpy()
+kv._barrier()
 save(args.out, rank, results)
 print("worker", rank, "done; init sent", results["init_bytes"], "bytes", flush=True)
