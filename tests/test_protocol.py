@@ -251,7 +251,7 @@ def test_stock_never_writes_data_size():
     for frames in CAPTURED.values():
         pos, meta_bytes, numbers = 0, frames[1], []
         while pos < len(meta_bytes):
-            number, wire, pos = _split_field(meta_bytes, pos)
+            number, _, pos = _split_field(meta_bytes, pos)
             numbers.append(number)
         assert 11 not in numbers
         assert numbers == sorted(numbers)  # protobuf writes fields in field-number order
@@ -473,7 +473,7 @@ metas = st.builds(
     priority=int32)
 
 
-@settings(PROFILE, max_examples=250)
+@settings(PROFILE, max_examples=150)
 @given(metas)
 @example(Meta(head=INT32_MIN, priority=-1, app_id=-5, timestamp=INT32_MIN, customer_id=-1, data_type=[-1, 11],
               control=Control(cmd=BARRIER, barrier_group=-1668298112)))
@@ -485,7 +485,7 @@ def test_meta_round_trip(meta):
     assert encode_meta(decoded) == encoded
 
 
-@settings(PROFILE, max_examples=120)
+@settings(PROFILE, max_examples=80)
 @given(metas, st.lists(st.binary(max_size=40), max_size=4), st.integers(0, INT32_MAX))
 def test_message_frames_round_trip(meta, data, sender):
     meta = meta.replace(data_type=[DT_OTHER] * len(data))
@@ -616,7 +616,7 @@ def test_c_round_examples(x, expected):
     assert mx.c_round(x) == expected == c_round_ref(x)
 
 
-@settings(PROFILE, max_examples=400)
+@settings(PROFILE, max_examples=300)
 @given(st.floats(min_value=-2.0 ** 62, max_value=2.0 ** 62, allow_nan=False)
        | st.integers(-10 ** 6, 10 ** 6).map(lambda i: i / 2))
 def test_c_round_matches_libm(x):
@@ -652,7 +652,7 @@ def test_compressed_partition_example_from_the_doc():
     assert (part0, 3001 - part0) == (1504, 1497)
 
 
-@settings(PROFILE, max_examples=200)
+@settings(PROFILE, max_examples=150)
 @given(st.integers(0, 1 << 50) | st.integers(0, 10_000), st.integers(1, 16))
 def test_partitions_cover_the_array(n, s):
     for fn in (mx.dense_partition, mx.row_partition):
@@ -780,7 +780,7 @@ def _decode_only_protocol_errors(fn, *args):
         pass
 
 
-@settings(PROFILE, max_examples=700)
+@settings(PROFILE, max_examples=500)
 @given(st.binary(max_size=128) | mutated_meta() | field_soup())
 def test_fuzz_decode_meta(data):
     try:
@@ -791,13 +791,13 @@ def test_fuzz_decode_meta(data):
     decode_meta(encode_meta(meta))
 
 
-@settings(PROFILE, max_examples=300)
+@settings(PROFILE, max_examples=200)
 @given(st.lists(st.binary(max_size=40) | mutated_meta(), max_size=5))
 def test_fuzz_message_from_frames(frames):
     _decode_only_protocol_errors(Message.from_frames, frames)
 
 
-@settings(PROFILE, max_examples=300)
+@settings(PROFILE, max_examples=200)
 @given(st.lists(st.binary(max_size=40), max_size=5))
 def test_fuzz_decode_kv(frames):
     try:

@@ -283,10 +283,10 @@ def test_out_of_memory_while_growing_leaves_table_unchanged(monkeypatch):
     table = RowTable(ROW, np.float32, 1, initial_capacity=2)
     table.ensure([1, 2], lambda ids: np.ones((2, ROW)))
 
-    def no_memory(holder, key, rows):
+    def no_memory(n):
         raise MemoryError
 
-    monkeypatch.setattr(rows, "_resize_rows", no_memory)
+    monkeypatch.setattr(table, "_reserve", no_memory)
     with pytest.raises(MemoryError):
         table.ensure([3], lambda ids: np.ones((1, ROW)))
     assert len(table) == 2 and table.lookup([1, 2, 3]).tolist() == [0, 1, -1]

@@ -39,7 +39,8 @@ class Message:
     sender: int = EMPTY
 
     def to_frames(self) -> list[bytes]:
-        """Frames for a DEALER send: meta first, then the data frames; data_type is filled in here."""
+        """Frames for a DEALER send: meta first, then the data frames. ``meta.data_type`` must already list one
+        type per data frame (ValueError otherwise); KVPairs.frames() returns both."""
         if len(self.meta.data_type) != len(self.data):
             raise ValueError("data_type must list one type per data frame")
         return [encode_meta(self.meta)] + [bytes(d) if not isinstance(d, (bytes, memoryview)) else d

@@ -19,11 +19,13 @@ power-of-two bucket count and is rebuilt at twice the size once the load passes 
 ``keys`` grow by ``ARENA_GROWTH`` (x1.125, at most 12.5 % unused capacity; still amortised O(1) per row).
 
 Growth peaks. Arrays grow with ``ndarray.resize``, i.e. ``realloc``: for large arrays glibc moves the pages with
-``mremap``, so growing an arena copies nothing and never holds old and new at once (the new part is zero-filled,
-which costs the page faults any new row needs anyway). If something else holds a reference to an array (a view
-escaped), ``resize`` refuses and we fall back to allocate-and-copy, one array at a time: the peak is then the old
-total plus one new arena (``1.125 x`` that arena). A rehash drops the old table first and re-inserts the ids in
-chunks of ``2**20``, so it peaks at the new table plus a few chunk-sized temporaries.
+``mremap``, so growing an arena copies nothing and never holds old and new at once (numpy zero-fills the new part,
+which costs the page faults any new row needs anyway; at 10M rows one step faults ~1.25M rows x 384 B at once, a
+pause of about a second on a slow VM). If something else references an array (a view escaped, another thread
+holds it), ``resize`` refuses and we fall back to allocate-and-copy, one array at a time: the peak is then the old
+total plus one new arena (``1.125 x`` that arena). A rehash builds the new table (from ``keys``, in chunks of
+``2**20`` to bound temporaries) before dropping the old one: peak 1.5 x the new table, and a failure leaves the
+index as it was.
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def _place(table: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
     while len(pos):
         free = table[pos] < 0
         table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
-        left = ~free  # all but the survivors (a slot is never in the table twice)
+        left = table[pos] != slots  # all but the survivors (a slot is never in the table twice)
         pos, slots = pos[left], slots[left]
         pos += 1
         pos &= mask
