@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-integration demo bench clean
+.PHONY: venv test test-unit test-integration demo bench patch unpatch clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,12 @@ demo: venv
 
 bench: venv
 	$(PY) scripts/bench.py
+
+patch: venv
+	$(PY) scripts/patch_mxnet.py apply
+
+unpatch: venv
+	$(PY) scripts/patch_mxnet.py revert
 
 clean:
 	rm -rf $(VENV) build *.egg-info

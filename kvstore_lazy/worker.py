@@ -1,13 +1,16 @@
 """What runs inside a stock MXNet 1.9.1 training process: declaring lazy row_sparse keys to kvstore_lazy servers.
 
-Owns: the LAZY_DECLARE command a worker sends before ``kv.init``, and an ``kv.init`` that ships no rows. It uses
-only what a stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``), so mxnet needs no rebuild.
-This is the only module of the package that imports mxnet.
+Owns: the LAZY_DECLARE command a worker sends before ``kv.init``, and an ``kv.init`` that ships no rows; reading
+the rows that exist and the optimizer states (:func:`fetch_rows`, :func:`fetch_states`) and writing states back
+(:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save``. It uses only what a
+stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``, pushes and pulls), so mxnet needs no
+rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet.
 
 String keys: MXNet maps a string key to the int it sends to servers in the order each process first inits string
-keys (KVStoreLocal::Init, ``next_str_key_``). To declare a string key the worker must know that int, so
-:func:`track` wraps ``kv.init`` to record the order; call it (or :func:`init_lazy`) before any ``kv.init`` on that
-KVStore.
+keys (KVStoreLocal::Init and ::Broadcast, ``next_str_key_``). To declare a string key the worker must know that int,
+so :func:`track` wraps ``kv.init`` and ``kv.broadcast`` to record the order; call it (or :func:`init_lazy`) before
+any ``kv.init`` on that KVStore. A string-key KVStore also refuses int keys ("Mixed key types"), so it reaches the
+virtual keys through string keys that :func:`register_virtual_keys` names to the servers (LAZY_ALIAS).
 """
 from __future__ import annotations
 
@@ -20,27 +23,38 @@ import numpy as np
 
 from .protocol import mxnet as proto
 
-__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats"]
+__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
+           "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
 
 _str_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, list[str]]" = weakref.WeakKeyDictionary()
+# per KVStore: virtual key -> the key to use for it (itself on an int-key KVStore, an alias name on a string-key one)
+_virtual_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, dict[int, object]]" = weakref.WeakKeyDictionary()
 
 
 def track(kv: "mx.kv.KVStore") -> None:
-    """Record the order of string-key inits on `kv` (idempotent)."""
+    """Record the order of string-key inits on `kv` (idempotent). ``kv.broadcast`` numbers its keys too (MXNet's
+    KVStoreLocal::Broadcast inits them), so it is recorded as well."""
     if kv in _str_keys:
         return
     order: list[str] = []
     _str_keys[kv] = order
-    original = kv.init
+    original, original_broadcast = kv.init, kv.broadcast
 
-    def init(key, value):
-        keys = key if isinstance(key, (list, tuple)) else [key]
-        for k in keys:
+    def note(key) -> None:
+        for k in key if isinstance(key, (list, tuple)) else [key]:
             if isinstance(k, str) and k not in order:
                 order.append(k)
+
+    def init(key, value):
+        note(key)
         return original(key, value)
 
+    def broadcast(key, value, out, priority=0):
+        note(key)
+        return original_broadcast(key, value, out, priority=priority)
+
     kv.init = init
+    kv.broadcast = broadcast
 
 
 def key_id(kv: "mx.kv.KVStore", key) -> int:
@@ -112,36 +126,252 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
 
     Built on requests a stock worker makes: a LAZY_ROWS command asks each server to list the rows it holds, a
     row_sparse_pull of the virtual key ``ROWS_HEADER_KEY`` reads the counts and then the ids, and ordinary
-    row_sparse_pulls read the values (and states, through ``rows_state_key``). Nothing is materialized. Int-key
-    KVStores only (Gluon's Trainer, plain kv.init with ints).
+    row_sparse_pulls read the values (and states, through the flat-state keys ``flat_state_key(j)``). Nothing is
+    materialized. On a string-key KVStore (Module) call :func:`register_virtual_keys` first, on every worker.
     """
-    kid = key_id(kv, key)
-    kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
-    servers = _num_servers()
-    part = proto.rows_part(servers)
-    header_shape = (servers * part, proto.ROWS_WIDTH)
-    firsts = np.arange(servers, dtype=np.int64) * part
-    _, headers = _pull_rows(kv, proto.ROWS_HEADER_KEY, header_shape, "float64", firsts)
-    counts = headers[:, 0].astype(np.int64)
+    headers = _query(kv, key)
     num_states = int(headers[:, 1].max()) if len(headers) else 0
-    wanted = np.concatenate([firsts[s] + 1 + np.arange(-(-counts[s] // proto.ROWS_WIDTH))
-                             for s in range(servers)]).astype(np.int64)
-    ids = np.zeros(0, np.int64)
-    if len(wanted):
-        got_rows, chunks = _pull_rows(kv, proto.ROWS_HEADER_KEY, header_shape, "float64", wanted)
-        per_server = np.searchsorted(got_rows, firsts, side="left").tolist() + [len(got_rows)]
-        parts = [chunks[per_server[s]:per_server[s + 1]].ravel()[:counts[s]] for s in range(servers)]
-        ids = np.sort(np.concatenate(parts).astype(np.int64))
+    per_server = _listed_ids(kv, headers)
+    ids = np.concatenate(per_server) if per_server else np.zeros(0, np.int64)
+    assert np.all(ids[1:] > ids[:-1]), "servers listed overlapping or unsorted rows"
     row_shape = tuple(int(d) for d in shape[1:])
     if len(ids) == 0:
         empty = np.zeros((0,) + row_shape, dtype)
-        return (ids, empty, [empty.copy() for _ in range(num_states)]) if states else (ids, empty)
+        return (ids, empty, [empty.astype(np.float32) for _ in range(num_states)]) if states else (ids, empty)
     got, values = _pull_rows(kv, key, shape, dtype, ids)
     assert np.array_equal(got, ids)
     if not states:
         return ids, values
-    state_values = [_pull_rows(kv, proto.rows_state_key(kid, j), shape, "float32", ids)[1] for j in range(num_states)]
+    counts = [len(p) * int(np.prod(row_shape, dtype=np.int64)) for p in per_server]
+    state_values = [_read_flat(kv, proto.flat_state_key(j), counts).reshape((len(ids),) + row_shape)
+                    for j in range(num_states)]
     return ids, values, state_values
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# optimizer states for checkpoints (kvstore_lazy.integration: Trainer.save_states/load_states, Module's optimizer
+# states), through the virtual keys of kvstore_lazy.protocol.mxnet. Dense keys go the same way: each server answers
+# for its part of the key.
+
+def _bound() -> int:
+    return int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+
+
+def _virtual_shape(servers: int) -> tuple[int, int]:
+    return servers * proto.rows_part(servers), proto.ROWS_WIDTH
+
+
+def _vkey(kv, virtual: int):
+    """The key this KVStore reaches virtual key `virtual` by (string-key KVStores need register_virtual_keys)."""
+    known = _virtual_keys.get(kv, {})
+    if virtual in known:
+        return known[virtual]
+    if _str_keys.get(kv):
+        raise RuntimeError("this KVStore uses string keys: call kvstore_lazy.worker.register_virtual_keys(kv, ..., "
+                           "string_keys=True) on every worker while initializing, before fetching rows or states")
+    return virtual
+
+
+def register_virtual_keys(kv: "mx.kv.KVStore", num_states: int, string_keys: bool) -> None:
+    """``kv.init`` the virtual keys (the row listing and `num_states` flat optimizer-state keys) with empty values,
+    so that this KVStore can pull and push them. Collective, like ``kv.init``: every worker, same order, same
+    arguments. On a string-key KVStore (Module) each gets a string name, whose int (MXNet numbers string keys in
+    init order, see :func:`track`) a LAZY_ALIAS command tells the servers first. Idempotent per KVStore."""
+    if string_keys:
+        track(kv)
+    known = _virtual_keys.setdefault(kv, {})
+    wanted = [(proto.ROWS_HEADER_KEY, "float64")]
+    wanted += [(proto.flat_state_key(j), "float32") for j in range(min(int(num_states), proto.MAX_STATES))]
+    shape = _virtual_shape(_num_servers())
+    for virtual, dtype in wanted:
+        if virtual in known:
+            continue
+        name = virtual
+        if string_keys:
+            name = f"__kvstore_lazy_virtual_{virtual - proto.ROWS_HEADER_KEY}__"
+            kv._send_command_to_servers(proto.LAZY_ALIAS, json.dumps({"alias": key_id(kv, name), "key": virtual}))
+        kv.init(name, mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype))
+        known[virtual] = name
+
+
+def _query(kv, key) -> np.ndarray:
+    """LAZY_ROWS for `key`, then each server's header row (see core.KVServer._rows_header), shape (S, ROWS_WIDTH).
+
+    Waits for this worker's pushes first: the command and the virtual keys are not ordered after them by the
+    engine, and in dist_sync a push is answered once its round is applied, so what is read includes every round
+    this worker took part in."""
+    mx.nd.waitall()
+    kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": key_id(kv, key)}))
+    servers = _num_servers()
+    firsts = np.arange(servers, dtype=np.int64) * proto.rows_part(servers)
+    _, headers = _pull_rows(kv, _vkey(kv, proto.ROWS_HEADER_KEY), _virtual_shape(servers), "float64", firsts)
+    return headers
+
+
+def _chunks(n: int) -> int:
+    return -(-int(n) // proto.ROWS_WIDTH)
+
+
+def _read_chunks(kv, virtual: int, dtype, counts: list[int], first_row: int) -> list[np.ndarray]:
+    """Per server s, the first counts[s] values of its virtual rows first_row, first_row + 1, ..."""
+    servers = len(counts)
+    part = proto.rows_part(servers)
+    wanted = [s * part + first_row + np.arange(_chunks(c)) for s, c in enumerate(counts)]
+    rows = np.concatenate(wanted).astype(np.int64)
+    if len(rows) == 0:
+        return [np.zeros(0, dtype) for _ in counts]
+    got, chunks = _pull_rows(kv, _vkey(kv, virtual), _virtual_shape(servers), dtype, rows)
+    assert np.array_equal(got, rows)
+    out, at = [], 0
+    for s, c in enumerate(counts):
+        out.append(chunks[at:at + len(wanted[s])].reshape(-1)[:c])
+        at += len(wanted[s])
+    return out
+
+
+def _listed_ids(kv, headers: np.ndarray) -> list[np.ndarray]:
+    counts = headers[:, 0].astype(np.int64).tolist()
+    if np.any(headers[:, 3] == 2):   # a dense key: no rows to list
+        return [np.zeros(0, np.int64) for _ in counts]
+    return [ids.astype(np.int64) for ids in _read_chunks(kv, proto.ROWS_HEADER_KEY, "float64", counts, 1)]
+
+
+def _read_flat(kv, virtual: int, counts: list[int]) -> np.ndarray:
+    return np.concatenate(_read_chunks(kv, virtual, "float32", counts, 0))
+
+
+def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
+    """Everything the servers hold for `key` that a checkpoint of training needs besides the weights:
+    ``{"kind": "row_sparse" | "dense" | "absent", "row_ids": (row_sparse), "states": [arrays], "counts": [update
+    count per server], "num_update": [per server]}``. Row-sparse states are ``(len(row_ids),) + shape[1:]`` for the
+    rows that exist; dense ones have `shape`. Not collective; reads, never creates, rows."""
+    shape = tuple(int(d) for d in shape)
+    headers = _query(kv, key)
+    kinds = set(headers[:, 3].astype(int).tolist()) - {0}
+    result = {"counts": headers[:, 4].astype(np.int64).tolist(),
+              "num_update": headers[:, 5].astype(np.int64).tolist(), "states": []}
+    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    if not kinds:
+        return dict(result, kind="absent")
+    if kinds == {1}:
+        per_server = _listed_ids(kv, headers)
+        ids = np.concatenate(per_server)
+        row_size = int(np.prod(shape[1:], dtype=np.int64))
+        counts = [len(p) * row_size for p in per_server]
+        result.update(kind="row_sparse", row_ids=ids)
+        result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape((len(ids),) + shape[1:])
+                            for j in range(num_states)]
+        return result
+    if kinds != {2}:
+        raise RuntimeError(f"key {key!r} is row_sparse on some servers and dense on others")
+    size = int(np.prod(shape, dtype=np.int64))
+    counts = headers[:, 0].astype(np.int64).tolist()
+    if sum(counts) != size:
+        raise RuntimeError(f"servers hold {sum(counts)} values of key {key!r}, expected {size}")
+    if num_states and int(headers[headers[:, 3] == 2, 1].min()) != num_states:
+        raise RuntimeError(f"key {key!r} has optimizer states on some servers only (not updated yet?)")
+    result["kind"] = "dense"
+    result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape(shape) for j in range(num_states)]
+    return result
+
+
+def _row_split(kid: int, shape, ids: np.ndarray, servers: int) -> list[np.ndarray]:
+    """The ids (global, sorted) each server holds of a row_sparse key, as EncodeRowSparseKey splits them."""
+    total = int(shape[0])
+    if proto.is_partitioned(total * int(np.prod(shape[1:], dtype=np.int64)), _bound()):
+        out = []
+        for s in range(servers):
+            start, count = proto.row_partition(total, servers, s)
+            out.append(ids[(ids >= start) & (ids < start + count)])
+        return out
+    home = proto.dense_home_server(kid, servers)
+    return [ids if s == home else ids[:0] for s in range(servers)]
+
+
+def _dense_split(kid: int, size: int, servers: int) -> list[tuple[int, int]]:
+    """(offset, size) of each server's part of a dense key, as EncodeDefaultKey splits it."""
+    if proto.is_partitioned(size, _bound()):
+        return [proto.dense_partition(size, servers, s) for s in range(servers)]
+    home = proto.dense_home_server(kid, servers)
+    return [(0, size) if s == home else (0, 0) for s in range(servers)]
+
+
+def _push_chunks(kv, virtual: int, dtype, per_server: list[np.ndarray]) -> None:
+    """Push each server's values as its virtual rows 0, 1, ... (zero-padded), then wait for every answer."""
+    servers = len(per_server)
+    part = proto.rows_part(servers)
+    rows, data = [], []
+    for s, flat in enumerate(per_server):
+        n = _chunks(len(flat))
+        if n == 0:
+            continue
+        padded = np.zeros(n * proto.ROWS_WIDTH, dtype)
+        padded[:len(flat)] = flat
+        rows.append(s * part + np.arange(n))
+        data.append(padded.reshape(n, proto.ROWS_WIDTH))
+    if not rows:
+        return
+    value = mx.nd.sparse.row_sparse_array((np.concatenate(data), np.concatenate(rows).astype(np.int64)),
+                                          shape=_virtual_shape(servers), dtype=dtype)
+    kv.push(_vkey(kv, virtual), value)
+    mx.nd.waitall()   # answered before the next command, which travels outside the engine's ordering
+
+
+def restore_states(kv: "mx.kv.KVStore", key, shape, saved: dict) -> None:
+    """Write back what :func:`fetch_states` returned (possibly from a job with another number of servers): the
+    optimizer states of the saved rows (rows absent on the servers get their initial values first) or of the dense
+    key, and the update counts. Call on one worker (rank 0), after ``kv.init`` of the key, the optimizer set and
+    :func:`register_virtual_keys` on every worker; then barrier."""
+    shape = tuple(int(d) for d in shape)
+    kid = key_id(kv, key)
+    servers = _num_servers()
+    states = [np.asarray(s, np.float32) for s in saved.get("states", [])]
+    if saved["kind"] != "absent" and states:
+        kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
+        if saved["kind"] == "row_sparse":
+            ids = np.asarray(saved["row_ids"], np.int64)
+            if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
+                raise ValueError("saved row ids must be sorted and unique")
+            split = _row_split(kid, shape, ids, servers)
+            positions = [np.searchsorted(ids, part_ids) for part_ids in split]
+            headers = [np.concatenate([[len(p)], np.zeros(proto.ROWS_WIDTH - 1), p]).astype(np.float64)
+                       if len(p) else np.zeros(0) for p in split]
+            _push_chunks(kv, proto.ROWS_HEADER_KEY, "float64", headers)
+            for j, state in enumerate(states):
+                flat = state.reshape(len(ids), -1)
+                _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[pos].reshape(-1) for pos in positions])
+        else:
+            size = int(np.prod(shape, dtype=np.int64))
+            parts = _dense_split(kid, size, servers)
+            for j, state in enumerate(states):
+                flat = state.reshape(-1)
+                _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[o:o + n] for o, n in parts])
+    kv._send_command_to_servers(proto.LAZY_SET_COUNTS, json.dumps(
+        {"key": kid, "counts": [int(c) for c in saved.get("counts", [])],
+         "num_update": [int(c) for c in saved.get("num_update", [])]}))
+
+
+def save_ndarrays(path: str, arrays: dict, save_fn=None) -> None:
+    """``mx.nd.save(path, arrays)`` (or ``save_fn(path, arrays)``), atomically: written beside `path`, fsynced,
+    renamed over it, so a crash mid-save leaves the previous file intact."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        (save_fn or mx.nd.save)(tmp, arrays)
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(directory)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:

@@ -46,6 +46,27 @@ def rows_state_key(key: int, state: int) -> int:
 def is_virtual_key(key: int) -> bool:
     return key >= ROWS_HEADER_KEY
 
+
+# kvstore_lazy.integration (the mxnet patches): string-key KVStores reach the virtual keys through string keys whose
+# ints (MXNet numbers string keys in init order) a LAZY_ALIAS command ({"alias": int, "key": virtual key}) names;
+# LAZY_SET_COUNTS ({"key": K, "counts": [per server], "num_update": [per server]}) restores optimizer update counts.
+LAZY_ALIAS, LAZY_SET_COUNTS = 110, 111
+# A pull of FLAT_STATE_BASE + j (float32, ROWS_WIDTH wide, rows_part(S) rows per server) answers, per server, optimizer
+# state j of the key a LAZY_ROWS command named, flattened (a row_sparse key: its listed rows in order; a dense key:
+# this server's part) and cut into rows of ROWS_WIDTH (the last one zero-padded). A push of the same rows writes the
+# state back; a push of ROWS_HEADER_KEY rows (row 0 = [count], then the ids) first names the rows it is for.
+FLAT_STATE_BASE = ROWS_HEADER_KEY + 8
+
+
+def flat_state_key(state: int) -> int:
+    if not 0 <= state < MAX_STATES:
+        raise ValueError(f"optimizer state {state} outside [0, {MAX_STATES})")
+    return FLAT_STATE_BASE + state
+
+
+def is_flat_state_key(key: int) -> bool:
+    return FLAT_STATE_BASE <= key < FLAT_STATE_BASE + MAX_STATES
+
 # mshadow type flags -> numpy dtypes (only the types MXNet's server switch admits, MSHADOW_REAL_TYPE_SWITCH,
 # plus the integer ones a default push may carry).
 MSHADOW_DTYPES = {

@@ -22,6 +22,7 @@ Deliberate differences from the stock server (each a stock bug or crash):
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class DenseEntry:
     merged: np.ndarray | None = None
     requests: list[Request] = field(default_factory=list)
     states: list[np.ndarray] | None = None   # optimizer states, created at the first update
+    payload: bytes | None = None             # value.tobytes() for pull replies, shared until the next update
 
     @property
     def stored(self) -> np.ndarray:
@@ -125,6 +127,7 @@ class LazySpec:
             raise ValueError(f"bad lazy declaration {body!r}: {exc}") from exc
         if spec.total_rows <= 0 or spec.row_size <= 0 or spec.dtype not in mx.DTYPE_FLAGS:
             raise ValueError(f"bad lazy declaration {body!r}: rows, row shape and dtype must be positive/supported")
+        spec.initializer.rows(spec.seed, spec.key, np.zeros(1, np.uint64), spec.shape, spec.dtype)  # fails now if ever
         return spec
 
 
@@ -166,6 +169,7 @@ class KVServer:
         self.specs: dict[int, LazySpec] = {}
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
         self.row_queries: dict[int, tuple[int, np.ndarray]] = {}  # worker node id -> (key, existing row ids)
+        self.aliases: dict[int, int] = {}   # string-key int -> virtual key (LAZY_ALIAS)
         self.stopped = False
         self.bad_requests = 0
         self.optimizer_body: bytes | None = None
@@ -181,11 +185,12 @@ class KVServer:
             return []
         if msg.meta.simple_app:
             return self._command(msg)
+        kv = None
         try:
             kv = decode_kv(msg.data)
             command = mx.decode_command(msg.meta.head)
         except ProtocolError as exc:
-            return self._reject(msg, None, str(exc))
+            return self._reject(msg, self._key_hint(msg), str(exc), kv)
         try:
             if command.request_type == mx.ROW_SPARSE:
                 return self._row_sparse(msg, command, kv)
@@ -194,6 +199,9 @@ class KVServer:
             return self._default(msg, command, kv)
         except BadRequest as exc:
             return self._reject(msg, exc.key, exc.reason, kv)
+        except Exception as exc:   # a hostile value past every check: answer it, never take the server down
+            log.debug("request from %s failed", node_name(msg.sender), exc_info=True)
+            return self._reject(msg, self._key_hint(msg), f"could not handle the request: {exc!r}", kv)
 
     # ------------------------------------------------------------------------------------------------------------
     # replies
@@ -232,6 +240,16 @@ class KVServer:
                                   f"[{self.key_begin}, {self.key_end})")
         return raw - self.key_begin
 
+    def _key_hint(self, msg: Message) -> int | None:
+        """The key a request whose frames or head do not decode names (keys[0]; keys[1] for a compressed push,
+        whose keys[0] carries the size), or None: for the log line and the poison set."""
+        raw = bytes(msg.data[0]) if msg.data else b""
+        keys = np.frombuffer(raw[:len(raw) - len(raw) % 8], "<u8")
+        i = 1 if msg.meta.push and msg.meta.head == mx.command_code(mx.COMPRESSED, mx.FLOAT32) else 0
+        if len(keys) <= i or not self.key_begin <= int(keys[i]) < self.key_end:
+            return None
+        return int(keys[i]) - self.key_begin
+
     # ------------------------------------------------------------------------------------------------------------
     # SimpleApp commands
 
@@ -258,12 +276,16 @@ class KVServer:
                 self._prepare_rows_query(msg.sender, json.loads(body))
             elif head == mx.LAZY_SNAPSHOT:
                 self.snapshot_requested = True
+            elif head == mx.LAZY_ALIAS:
+                self.register_alias(json.loads(body))
+            elif head == mx.LAZY_SET_COUNTS:
+                self.set_update_counts(json.loads(body))
             elif head == mx.LAZY_STATS:
                 reply_body = json.dumps(self.stats()).encode()
                 log.info("stats: %s", reply_body.decode())
             else:
                 log.info("ignoring unknown command %d from %s", head, node_name(msg.sender))
-        except (UnsafePickleError, UnsupportedOptimizerError, CompressionError, InitializerError, ValueError) as exc:
+        except Exception as exc:   # any bad body (KeyError, OverflowError, RecursionError...): log and answer
             self.bad_requests += 1
             log.error("bad command %d from %s: %s", head, node_name(msg.sender), exc)
         meta = Meta(head=head, body=reply_body, timestamp=msg.meta.timestamp, request=False, simple_app=True,
@@ -273,6 +295,7 @@ class KVServer:
     def _set_optimizer(self, body: bytes) -> None:
         # The stock server builds a fresh Updater per kController, so optimizer states start over.
         optimizer = load_optimizer(body)
+        _check_runs(optimizer)
         self.optimizer, self.optimizer_body = optimizer, body
         for entry in self.dense.values():
             entry.states = None
@@ -326,7 +349,7 @@ class KVServer:
             raise BadRequest(None, f"a default request carries exactly one key, got {len(kv.keys)}")
         key = self._decode_key(int(kv.keys[0]))
         if not msg.meta.push:
-            return [self._dense_pull_reply(req, key, kv)]
+            return [self._dense_pull_reply(req, key, kv, command.dtype)]
         if len(kv.lens) != 1 or len(kv.vals) != int(kv.lens[0]):
             raise BadRequest(key, f"push of {len(kv.vals)} value bytes with lens {kv.lens.tolist()}")
         if len(kv.vals) % command.dtype.itemsize:
@@ -351,7 +374,9 @@ class KVServer:
         grad = recved.astype(np.float32) if entry.master is not None else recved
         if self.sync_mode:
             if not entry.requests:
-                entry.merged = grad.copy()
+                entry.merged = grad              # never written in place: the 2nd push makes a new array
+            elif len(entry.requests) == 1:
+                entry.merged = entry.merged + grad
             else:
                 entry.merged += grad
             entry.requests.append(req)
@@ -368,6 +393,7 @@ class KVServer:
         return [self._reply(r, self._dense_kv(entry, r, kv) if r.meta.pull else None) for r in requests]
 
     def _apply_dense(self, key: int, entry: DenseEntry, grad: np.ndarray) -> None:
+        entry.payload = None
         if self.optimizer is None:
             entry.stored[...] = grad
         else:
@@ -377,13 +403,17 @@ class KVServer:
         entry.publish()
 
     def _dense_kv(self, entry: DenseEntry, req: Request, kv: KVPairs) -> KVPairs:
-        payload = entry.value.tobytes()
+        if entry.payload is None:   # every worker pulls the same value after an update: serialize it once
+            entry.payload = entry.value.tobytes()
+        payload = entry.payload
         return KVPairs(kv.keys, payload, np.array([len(payload)], np.int32))
 
-    def _dense_pull_reply(self, req: Request, key: int, kv: KVPairs) -> tuple[int, Message]:
+    def _dense_pull_reply(self, req: Request, key: int, kv: KVPairs, dtype: np.dtype) -> tuple[int, Message]:
         entry = self.dense.get(key)
         if entry is None:
             raise BadRequest(key, "pull of a key that was never initialized (init it first)")
+        if dtype != entry.dtype:
+            raise BadRequest(key, f"pull as {dtype.name} of a {entry.dtype.name} key")
         self._check_poison(req.sender, key)
         return self._reply(req, self._dense_kv(entry, req, kv))
 
@@ -397,7 +427,7 @@ class KVServer:
         if not msg.meta.push:
             if len(kv.keys) != 1:
                 raise BadRequest(None, f"a compressed pull carries one key, got {len(kv.keys)}")
-            return [self._dense_pull_reply(req, self._decode_key(int(kv.keys[0])), kv)]
+            return [self._dense_pull_reply(req, self._decode_key(int(kv.keys[0])), kv, command.dtype)]
         if len(kv.keys) != 2 or len(kv.lens) != 2 or len(kv.vals) != int(kv.lens[1]):
             raise BadRequest(None, f"a compressed push carries 2 keys and 2 lens matching the values, got "
                                    f"keys {len(kv.keys)} lens {kv.lens.tolist()} vals {len(kv.vals)} bytes")
@@ -436,13 +466,12 @@ class KVServer:
             padded = np.full((len(ids) + width - 1) // width * width, -1.0)
             padded[:len(ids)] = ids
             chunks = padded.reshape(-1, width)
-            header = np.zeros((1, width))
-            if entry is not None:
-                header[0, :3] = [len(ids), entry.table.num_states, entry.row_size]
-            table = np.concatenate([header, chunks])
+            table = np.concatenate([self._rows_header(queried, ids), chunks])
             if len(row_ids) and int(row_ids[-1]) >= len(table):
                 raise BadRequest(key, f"row-listing row {int(row_ids[-1])} beyond the {len(table)} this server has")
             rows = table[row_ids]
+        elif mx.is_flat_state_key(key):
+            rows = self._flat_state_rows(key, command, queried, ids, row_ids)
         else:
             state = (key - mx.STATE_KEY_BASE) % mx.MAX_STATES
             if entry is None or (key - mx.STATE_KEY_BASE) // mx.MAX_STATES != queried:
@@ -460,11 +489,151 @@ class KVServer:
         lens[0] = 0
         return self._reply(req, KVPairs(kv.keys, payload, lens))
 
+    # ------------------------------------------------------------------------------------------------------------
+    # optimizer states and update counts for worker checkpoints (kvstore_lazy.integration: save_states/load_states),
+    # and string-key names of the virtual keys
+
+    def register_alias(self, body: dict) -> None:
+        """LAZY_ALIAS: requests for int `alias` (a string key of a string-key KVStore) mean virtual key `key`."""
+        alias, target = int(body["alias"]), int(body["key"])
+        if not mx.is_virtual_key(target) or mx.is_virtual_key(alias) or alias < 0:
+            raise ValueError(f"alias {alias} -> {target}: the target must be a virtual key and the alias not")
+        if alias in self.sparse or alias in self.dense or alias in self.specs:
+            raise ValueError(f"alias {alias} -> {target}: key {alias} already holds values")
+        known = self.aliases.get(alias)
+        if known is not None and known != target:
+            raise ValueError(f"key {alias} is already an alias of {known}, not {target}")
+        self.aliases[alias] = target
+
+    def set_update_counts(self, body: dict) -> None:
+        """LAZY_SET_COUNTS: restore the optimizer's update count of a key (and num_update), per server rank when the
+        checkpoint came from as many servers, else their maximum (counts are kept per server shard)."""
+        if self.optimizer is None:
+            raise ValueError("update counts restored before an optimizer was set")
+        key = int(body["key"])
+        counts, num_update = list(body.get("counts", [])), list(body.get("num_update", []))
+
+        def mine(values: list) -> int:
+            if not values:
+                return 0
+            return int(values[self.rank]) if len(values) == self.num_servers else int(max(values))
+
+        count = mine(counts)
+        if count > 0:
+            self.optimizer._index_update_count[key] = count
+        self.optimizer.num_update = max(int(self.optimizer.num_update), mine(num_update))
+
+    def _rows_header(self, key: int, ids: np.ndarray) -> np.ndarray:
+        """Local row 0 of ROWS_HEADER_KEY: [rows listed (row_sparse) or elements here (dense), optimizer states,
+        row size, kind (0 absent, 1 row_sparse, 2 dense), this server's update count of the key, num_update]."""
+        header = np.zeros((1, mx.ROWS_WIDTH))
+        sparse, dense = self.sparse.get(key), self.dense.get(key)
+        if sparse is not None:
+            header[0, :4] = [len(ids), sparse.table.num_states, sparse.row_size, 1]
+        elif dense is not None:
+            header[0, :4] = [dense.value.size, len(dense.states or []), 0, 2]
+        if self.optimizer is not None:
+            header[0, 4:6] = [self.optimizer._index_update_count.get(key, 0), self.optimizer.num_update]
+        return header
+
+    def _flat_state_target(self, vkey: int, queried: int, ids: np.ndarray, state: int):
+        """(entry, number of state values this server holds for the query) of a flat-state request."""
+        sparse, dense = self.sparse.get(queried), self.dense.get(queried)
+        if sparse is not None:
+            if state >= sparse.table.num_states:
+                raise BadRequest(vkey, f"key {queried} has {sparse.table.num_states} optimizer states, not {state + 1}")
+            return sparse, len(ids) * sparse.row_size
+        if dense is not None:
+            return dense, dense.value.size
+        raise BadRequest(vkey, f"optimizer state of key {queried}, which this server does not hold")
+
+    @staticmethod
+    def _chunk_count(n: int) -> int:
+        return (n + mx.ROWS_WIDTH - 1) // mx.ROWS_WIDTH
+
+    def _flat_state_rows(self, vkey: int, command: mx.DataCommand, queried: int, ids: np.ndarray,
+                         row_ids: np.ndarray) -> np.ndarray:
+        if command.dtype != np.float32:
+            raise BadRequest(vkey, "the optimizer-state keys are float32")
+        if len(row_ids) == 0:   # a server that holds nothing of the key gets the master key only
+            return np.zeros((0, mx.ROWS_WIDTH), np.float32)
+        state = vkey - mx.FLAT_STATE_BASE
+        entry, n = self._flat_state_target(vkey, queried, ids, state)
+        if isinstance(entry, SparseEntry):
+            slots = entry.table.lookup(ids)
+            if np.any(slots < 0):
+                raise BadRequest(vkey, f"a listed row of key {queried} no longer exists")
+            flat = entry.table.states(slots)[state].reshape(-1)
+        else:
+            if not entry.states or state >= len(entry.states):
+                raise BadRequest(vkey, f"key {queried} has {len(entry.states or [])} optimizer states here, "
+                                       f"not {state + 1}")
+            flat = entry.states[state].reshape(-1)
+        chunks = self._chunk_count(n)
+        if int(row_ids[-1]) >= chunks:
+            raise BadRequest(vkey, f"state row {int(row_ids[-1])} beyond the {chunks} this server has")
+        padded = np.zeros(chunks * mx.ROWS_WIDTH, np.float32)
+        padded[:n] = flat
+        return padded.reshape(chunks, mx.ROWS_WIDTH)[row_ids]
+
+    def _virtual_push(self, req: Request, key: int, command: mx.DataCommand, kv: KVPairs,
+                      row_ids: np.ndarray) -> tuple[int, Message]:
+        """Restore through the virtual keys: ROWS_HEADER_KEY rows name the rows (of the key the last LAZY_ROWS
+        command named) whose states the following FLAT_STATE_BASE + j pushes carry. Answered at once (no round)."""
+        if req.sender not in self.row_queries:
+            raise BadRequest(key, "push to a virtual key without a LAZY_ROWS command first")
+        queried, ids = self.row_queries[req.sender]
+        values = self._rows_of(key, None, command.dtype, kv, row_ids)
+        if values.shape[1] != mx.ROWS_WIDTH:
+            raise BadRequest(key, f"virtual rows are {mx.ROWS_WIDTH} wide, not {values.shape[1]}")
+        if key == mx.ROWS_HEADER_KEY:
+            if command.dtype != np.float64:
+                raise BadRequest(key, "the row-listing key is float64")
+            entry = self.sparse.get(queried)
+            if entry is None:
+                raise BadRequest(key, f"row listing pushed for key {queried}, which holds no row_sparse value here")
+            count = int(values[0, 0]) if row_ids[0] == 0 else -1
+            if count < 0 or not np.array_equal(row_ids, np.arange(1 + self._chunk_count(count))):
+                raise BadRequest(key, "a pushed row listing must be row 0 = [count] then every chunk of ids")
+            listed = values[1:].reshape(-1)[:count]
+            new_ids = listed.astype(np.int64)
+            lo, hi = entry.row_offset, entry.row_offset + entry.local_rows
+            if (np.any(new_ids != listed) or np.any(new_ids[1:] <= new_ids[:-1])
+                    or (count and (new_ids[0] < lo or new_ids[-1] >= hi))):
+                raise BadRequest(key, f"pushed row ids must be sorted, unique and within [{lo}, {hi})")
+            self.row_queries[req.sender] = (queried, new_ids.astype(np.uint64))
+            return self._reply(req)
+        if not mx.is_flat_state_key(key):
+            raise BadRequest(key, "push to a virtual row-listing key")
+        if command.dtype != np.float32:
+            raise BadRequest(key, "the optimizer-state keys are float32")
+        if self.optimizer is None:
+            raise BadRequest(key, "optimizer states pushed before an optimizer was set")
+        state = key - mx.FLAT_STATE_BASE
+        entry, n = self._flat_state_target(key, queried, ids, state)
+        if not np.array_equal(row_ids, np.arange(self._chunk_count(n))):
+            raise BadRequest(key, f"a state push for key {queried} must carry all {self._chunk_count(n)} rows "
+                                  f"({n} values) this server holds")
+        flat = values.reshape(-1)[:n]
+        if isinstance(entry, SparseEntry):
+            slots = entry.table.ensure(ids, lambda missing: self._initial_rows(queried, entry, missing))
+            states = entry.table.states(slots)
+            states[state] = flat.reshape(len(ids), entry.row_size).astype(entry.table.dtype)
+            entry.table.set_states(slots, states)
+        else:
+            if entry.states is None:
+                entry.states = self._new_states(entry.stored)
+            if state >= len(entry.states):
+                raise BadRequest(key, f"key {queried} has {len(entry.states)} optimizer states, not {state + 1}")
+            entry.states[state][...] = flat.reshape(entry.states[state].shape)
+        return self._reply(req)
+
     def _row_sparse(self, msg: Message, command: mx.DataCommand, kv: KVPairs) -> list[tuple[int, Message]]:
         req = Request(msg.sender, msg.meta)
         if len(kv.keys) == 0:
             raise BadRequest(None, "row_sparse request without keys")
         key = self._decode_key(int(kv.keys[0]))
+        key = self.aliases.get(key, key)   # a string-key KVStore's name for a virtual key
         # Row keys are master key + local row id; decode in uint64 (the stock server truncates to int).
         row_ids = (kv.keys[1:] - kv.keys[0]).astype(np.int64)
         if np.any(kv.keys[1:] < kv.keys[0]):
@@ -476,7 +645,7 @@ class KVServer:
             if msg.meta.push:
                 if len(row_ids) == 0:   # an (empty) kv.init of a virtual key, for string-key KVStores
                     return [self._reply(req)]
-                raise BadRequest(key, "push to a virtual row-listing key")
+                return [self._virtual_push(req, key, command, kv, row_ids)]
             return [self._virtual_pull(req, key, command, kv, row_ids)]
         if msg.meta.push:
             return self._sparse_push(req, key, command, kv, row_ids)
@@ -647,6 +816,7 @@ def snapshot_state(server: KVServer) -> tuple[dict, dict[int, dict]]:
             "num_update": int(opt.num_update),
             "counts": {str(k): int(v) for k, v in opt._index_update_count.items()}},
         "specs": [spec.to_json() for spec in server.specs.values()],
+        "aliases": {str(alias): key for alias, key in server.aliases.items()},
     }
     tables: dict[int, dict] = {}
     for key, entry in server.sparse.items():
@@ -670,6 +840,7 @@ def restore_state(server: KVServer, meta: dict, tables: dict[int, dict]) -> None
     server.compression = Compression(int(kind), np.float32(threshold))
     for spec in meta.get("specs", []):
         server.declare(LazySpec.from_json(spec))
+    server.aliases.update({int(alias): int(key) for alias, key in meta.get("aliases", {}).items()})
     if meta.get("optimizer"):
         server._set_optimizer(meta["optimizer"].encode("latin-1"))
         counts = meta.get("optimizer_counts") or {}
@@ -695,6 +866,20 @@ def restore_state(server: KVServer, meta: dict, tables: dict[int, dict]) -> None
         server.sparse[key] = SparseEntry(dtype=dtype, row_size=int(info["row_size"]), table=rows,
                                          local_rows=int(info["local_rows"]), row_offset=int(info["row_offset"]),
                                          spec=server.specs.get(key) if info.get("lazy") else None)
+
+
+def _check_runs(optimizer: Optimizer) -> None:
+    """One dense and one row_sparse step on a copy: a pickle of a real optimizer class whose hyper-parameters cannot
+    run (a string learning rate) is refused by kController instead of failing every later push."""
+    trial = copy.deepcopy(optimizer)
+    for row_sparse in (False, True):
+        weight = np.zeros((1, 1), np.float32)
+        try:
+            with np.errstate(all="ignore"):   # zeros may make 0/0 for a valid optimizer: only exceptions count
+                trial.update(0, weight, np.zeros((1, 1), np.float32), trial.init_states(weight),
+                             row_sparse=row_sparse)
+        except Exception as exc:
+            raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None
 
 
 def _merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,

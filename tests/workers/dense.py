@@ -56,6 +56,7 @@ for step in range(args.steps):
             kv.pull(key, out=out)
             if args.mode == "dist_sync":
                 results[f"pull_{key}_{step}"] = out.asnumpy()
+mx.nd.waitall()  # every push of this worker answered before the barrier (kv._barrier does not wait for them)
 kv._barrier()
 for key, shape in shapes.items():
     out = mx.nd.zeros(shape, dtype=dt)

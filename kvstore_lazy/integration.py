@@ -1,0 +1,377 @@
+"""What the patched mxnet 1.9.1 calls when the switch ``KVSTORE_LAZY=1`` is on (patches/, scripts/patch_mxnet.py).
+
+Owns: the behaviour of Gluon (Parameter, Trainer, Block.save_parameters) and Module (init_params, init_optimizer,
+get_params, optimizer states, fit) with lazy row_sparse weights in a dist job. The patches are one-line hooks that
+call the functions here and fall through to the stock code when they return False/None; with the switch off the
+patched mxnet never imports this module (``mxnet/_kvstore_lazy_switch.py``).
+
+In a worker of a dist job (``DMLC_ROLE=worker``) with the switch on:
+- a ``row_sparse`` weight is never materialized: initialization leaves an empty RowSparseNDArray of the full shape
+  and remembers the initializer; when the kvstore is created, the key is declared lazy to the servers with that
+  initializer and the seed ``KVSTORE_LAZY_SEED`` (default 0), and ``kv.init`` ships only the rows the array holds
+  (none, or the rows a checkpoint gave). Rows come from the servers as stock MXNet pulls them
+  (``row_sparse_data``, ``Module.prepare``);
+- saving parameters (``Block.save_parameters``, ``Module.get_params``/``save_checkpoint``/``save_params``) fetches
+  only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row,
+  and every file is written atomically;
+- ``Trainer.save_states``/``Module.save_optimizer_states`` save the optimizer states the servers hold (of existing
+  rows, and of dense keys) and the update counts; the ``load_*`` counterparts restore them, onto any number of
+  servers. Loading is collective, like ``kv.init``: call it on every worker.
+Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not.
+
+Rows a checkpoint does not hold get their initial values from the initializer known when the key is declared: for
+Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the one given to
+``init_params``/``fit`` (else ``Uniform(0.01)``). Restore with the same model and initializer to continue exactly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import mxnet as mx
+import numpy as np
+
+from . import worker
+from .checkpoint import atomic_write
+from .initializers import InitializerError, parse_initializer
+
+__all__ = ["param_defer_init", "param_reduce", "trainer_init_param", "trainer_save_states", "trainer_load_states",
+           "module_init_params", "module_init_param", "initialize_kvstore_for", "module_fetch_param",
+           "module_save_states", "module_load_states", "module_fit_first_batch", "atomic_save", "seed",
+           "STATES_FORMAT"]
+
+log = logging.getLogger("kvstore_lazy.integration")
+
+STATES_FORMAT = "kvstore_lazy.states/1"
+_META = "__kvstore_lazy_meta__"
+
+
+def seed() -> int:
+    return int(os.environ.get("KVSTORE_LAZY_SEED", "0") or 0)
+
+
+def _in_dist_worker() -> bool:
+    return os.environ.get("DMLC_ROLE") == "worker"
+
+
+def _dist(kv) -> bool:
+    return kv is not None and "dist" in kv.type
+
+
+def _checked(dumps: str, name: str) -> str:
+    try:
+        parse_initializer(dumps)
+    except InitializerError as exc:
+        raise ValueError(f"kvstore_lazy (KVSTORE_LAZY=1): the initializer of row_sparse parameter {name!r}, {dumps}, "
+                         f"cannot be computed row by row on the servers ({exc}). Use zero/one/constant/uniform/"
+                         f"normal/xavier/msraprelu, or unset KVSTORE_LAZY.") from None
+    return dumps
+
+
+def _rsp(shape, row_ids, values, dtype):
+    shape = tuple(int(d) for d in shape)
+    if len(row_ids) == 0:
+        return mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype)
+    return mx.nd.sparse.row_sparse_array((np.asarray(values), np.asarray(row_ids, np.int64)), shape=shape,
+                                         dtype=dtype)
+
+
+def atomic_save(save_fn):
+    """A ``save_fn(fname, data)`` (mx.nd.save, npx.save) that writes atomically (temp file, fsync, rename)."""
+    def save(fname, data):
+        worker.save_ndarrays(fname, data, save_fn=save_fn)
+    return save
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# optimizer-state files: one .npz (allow_pickle=False) with a JSON manifest and, per parameter, its row ids
+# (row_sparse) and states
+
+def _save_states(kv, fname: str, params) -> None:
+    """`params`: (name, kv key, shape, dtype) of every parameter the kvstore holds."""
+    meta = {"format": STATES_FORMAT, "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "1")), "params": {}}
+    arrays = {}
+    for name, key, shape, dtype in params:
+        got = worker.fetch_states(kv, key, shape, dtype)
+        meta["params"][name] = {"kind": got["kind"], "shape": [int(d) for d in shape],
+                                "num_states": len(got["states"]), "counts": got["counts"],
+                                "num_update": got["num_update"]}
+        if got["kind"] == "row_sparse":
+            arrays[f"{name}:row_ids"] = got["row_ids"]
+        for j, state in enumerate(got["states"]):
+            arrays[f"{name}:state{j}"] = state
+    arrays[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    atomic_write(fname, lambda fh: np.savez(fh, **arrays))
+
+
+def _read_states(fname: str) -> dict:
+    with np.load(fname, allow_pickle=False) as data:
+        if _META not in data.files:
+            raise ValueError(f"{fname} is not a kvstore_lazy optimizer-state file (KVSTORE_LAZY=1 saves states of "
+                             f"a dist kvstore in that format)")
+        meta = json.loads(bytes(data[_META]).decode())
+        if meta.get("format") != STATES_FORMAT:
+            raise ValueError(f"{fname}: unknown format {meta.get('format')!r}, expected {STATES_FORMAT!r}")
+        saved = {}
+        for name, info in meta["params"].items():
+            entry = dict(info, states=[data[f"{name}:state{j}"] for j in range(info["num_states"])])
+            if info["kind"] == "row_sparse":
+                entry["row_ids"] = data[f"{name}:row_ids"]
+            saved[name] = entry
+    return saved
+
+
+def _restore_states(kv, fname: str, params, string_keys: bool) -> None:
+    """Collective: every worker registers the virtual keys, rank 0 writes the states back, then all barrier."""
+    saved = _read_states(fname)
+    wanted = {name: (key, shape) for name, key, shape in params}
+    unknown = sorted(set(saved) - set(wanted))
+    if unknown:
+        log.warning("%s: states of %s, which this model does not have, are ignored", fname, unknown)
+    num_states = max([len(entry["states"]) for entry in saved.values()] + [0])
+    worker.register_virtual_keys(kv, num_states, string_keys=string_keys)
+    if kv.rank == 0:
+        for name, entry in saved.items():
+            if name in wanted:
+                key, shape = wanted[name]
+                if tuple(entry["shape"]) != tuple(shape):
+                    raise ValueError(f"{fname}: {name} has shape {tuple(entry['shape'])}, the model {tuple(shape)}")
+                worker.restore_states(kv, key, shape, entry)
+    kv._barrier()
+
+
+def _num_states(optimizer) -> int:
+    """How many state arrays `optimizer` keeps per weight (what the servers keep per key)."""
+    try:
+        state = optimizer.create_state_multi_precision(0, mx.nd.zeros((1, 1)))
+    except Exception:  # an optimizer that cannot say: reserve every state slot  # pylint: disable=broad-except
+        return 8
+    flat = []
+
+    def walk(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif x is not None:
+            flat.append(x)
+
+    walk(state)
+    return len(flat)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Gluon
+
+def param_defer_init(param, init, default_init) -> bool:
+    """Parameter._finish_deferred_init: keep a row_sparse weight empty and remember its initializer.
+
+    Stock initializes with ``create(default_init)(InitDesc(name, {'__init__': init}), data)``, i.e. ``create(init)``
+    since ``init`` is set (initialize() resolves it); that is the initializer the servers compute rows with."""
+    if param._stype != "row_sparse" or not _in_dist_worker():
+        return False
+    effective = mx.init.create(init if init is not None and init != "" else default_init)
+    param._kvstore_lazy_init = (init, default_init, _checked(effective.dumps(), param.name))
+    return True
+
+
+def _gluon_dumps(param) -> str:
+    recorded = getattr(param, "_kvstore_lazy_init", None)
+    if recorded is not None:
+        return recorded[2]
+    init = param.init if param.init is not None else mx.init.Uniform()
+    return _checked(mx.init.create(init).dumps(), param.name)
+
+
+def _materialize_gluon(param) -> None:
+    """The stock initialization param_defer_init skipped (the kvstore turned out not to be dist)."""
+    recorded = getattr(param, "_kvstore_lazy_init", None)
+    if recorded is None:
+        return
+    init, default_init, _ = recorded
+    data = mx.nd.zeros(param.shape, dtype=param.dtype, stype=param._stype)
+    mx.init.create(default_init)(mx.init.InitDesc(param.name, {"__init__": init}), data)
+    for arr in param._check_and_get(param._data, list):
+        data.copyto(arr)
+    del param._kvstore_lazy_init
+
+
+def trainer_init_param(trainer, param, idx, data) -> bool:
+    """Trainer._init_params for a row_sparse parameter: declare key `idx` lazy, kv.init only the rows `data` holds."""
+    if not _in_dist_worker():
+        return False
+    kv = trainer._kvstore
+    if not _dist(kv):
+        _materialize_gluon(param)
+        return False
+    worker.declare(kv, idx, param.shape, np.dtype(param.dtype).name, _gluon_dumps(param), seed())
+    kv.init(idx, data)
+    return True
+
+
+def param_reduce(param):
+    """Parameter._reduce (save_parameters, reset_ctx) of a row_sparse weight: the rows that exist, not all rows."""
+    if param._stype != "row_sparse" or not _in_dist_worker() or param._trainer is None:
+        return None
+    trainer = param._trainer
+    if not trainer._kv_initialized:   # as stock's _row_sparse_pull does before its pull
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    kv = trainer._kvstore
+    if not _dist(kv):
+        return None
+    ids, values = worker.fetch_rows(kv, trainer._param2idx[param.name], param.shape, np.dtype(param.dtype).name)
+    return _rsp(param.shape, ids, values, param.dtype)
+
+
+def _trainer_lazy(trainer) -> bool:
+    return _in_dist_worker() and _dist(trainer._kvstore) and bool(trainer._update_on_kvstore)
+
+
+def trainer_save_states(trainer, fname) -> bool:
+    """Trainer.save_states on a dist kvstore (stock refuses): the servers' optimizer states and update counts."""
+    if not _trainer_lazy(trainer):
+        return False
+    params = [(p.name, i, p.shape, np.dtype(p.dtype).name) for i, p in enumerate(trainer._params)
+              if p not in trainer._params_to_init]
+    _save_states(trainer._kvstore, fname, params)
+    return True
+
+
+def trainer_load_states(trainer, fname) -> bool:
+    """Trainer.load_states on a dist kvstore: collective (every worker calls it, as every worker kv.inits)."""
+    if not _trainer_lazy(trainer):
+        return False
+    _restore_states(trainer._kvstore, fname, [(p.name, i, p.shape) for i, p in enumerate(trainer._params)],
+                    string_keys=False)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Module
+
+def module_init_params(module, initializer) -> None:
+    """Top of Module.init_params (also reached when it returns early after Module.load): the initializer for rows
+    a checkpoint does not hold."""
+    if initializer is not None and _in_dist_worker():
+        module._kvstore_lazy_initializer = initializer
+
+
+def _module_dumps(desc, initializer) -> str:
+    """What ``initializer(desc, arr)`` would do to a weight, as an initializer string the servers compute."""
+    init = desc.attrs.get("__init__", "") if hasattr(desc, "attrs") else ""
+    name = str(desc)
+    if init:
+        return _checked(mx.init.create(init).dumps(), name)
+    if isinstance(initializer, mx.init.Mixed):
+        for pattern, sub in initializer.map:
+            if pattern.match(name):
+                return _module_dumps(desc, sub)
+        raise ValueError(f"kvstore_lazy: no pattern of the Mixed initializer matches {name!r}")
+    if name.endswith(("bias", "beta", "min", "moving_mean", "moving_inv_var", "moving_avg")):
+        return '["zero", {}]'
+    if name.endswith(("gamma", "max", "moving_var")):
+        return '["one", {}]'
+    return _checked(initializer.dumps(), name)
+
+
+def module_init_param(module, desc, arr, initializer, arg_params, allow_missing) -> bool:
+    """Module.init_params for one parameter: True leaves a row_sparse weight empty (its rows stay on the servers);
+    False lets stock code copy it from `arg_params` (only the rows a loaded RowSparseNDArray holds) or initialize
+    it."""
+    if arr.stype != "row_sparse" or not _in_dist_worker():
+        return False
+    name = str(desc)
+    inits = module.__dict__.setdefault("_kvstore_lazy_inits", {})
+    if initializer is not None:
+        inits[name] = _module_dumps(desc, initializer)
+    if arg_params is not None and (name in arg_params or not allow_missing):
+        return False
+    if initializer is None:
+        return False
+    if arr.indices.shape[0]:
+        mx.nd.sparse.zeros("row_sparse", arr.shape, dtype=arr.dtype).copyto(arr)
+    module.__dict__.setdefault("_kvstore_lazy_deferred", {})[name] = (desc, initializer)
+    return True
+
+
+def _module_key_dumps(module, name: str) -> str:
+    inits = module.__dict__.get("_kvstore_lazy_inits", {})
+    if name in inits:
+        return inits[name]
+    initializer = module.__dict__.get("_kvstore_lazy_initializer") or mx.init.Uniform(0.01)
+    attrs = module._symbol.attr_dict()
+    return _module_dumps(mx.init.InitDesc(name, attrs.get(name, None)), initializer)
+
+
+def _materialize_module(module) -> None:
+    deferred = module.__dict__.pop("_kvstore_lazy_deferred", {})
+    for name, (desc, initializer) in deferred.items():
+        initializer(desc, module._arg_params[name])
+    if deferred:
+        module._exec_group.set_params(module._arg_params, module._aux_params)
+
+
+def initialize_kvstore_for(module):
+    """Module.init_optimizer's ``_initialize_kvstore``: row_sparse weights declared lazy and kv.init'ed with the
+    rows they hold; dense ones as stock; then the virtual keys a string-key KVStore needs to fetch rows/states."""
+    def initialize(kvstore, param_arrays, arg_params, param_names, update_on_kvstore):
+        if not (_in_dist_worker() and _dist(kvstore) and update_on_kvstore):
+            _materialize_module(module)
+            return mx.model._initialize_kvstore(kvstore, param_arrays, arg_params, param_names, update_on_kvstore)
+        module.__dict__.pop("_kvstore_lazy_deferred", None)
+        worker.track(kvstore)
+        for idx, param_on_devs in enumerate(param_arrays):
+            name = param_names[idx]
+            value = arg_params[name]
+            if value.stype == "row_sparse":
+                worker.declare(kvstore, name, value.shape, np.dtype(value.dtype).name, _module_key_dumps(module, name),
+                               seed())
+                kvstore.init(name, value)
+            else:
+                kvstore.broadcast(name, value, out=param_on_devs)
+        worker.register_virtual_keys(kvstore, _num_states(module._optimizer), string_keys=True)
+        return None
+    return initialize
+
+
+def _module_lazy(module) -> bool:
+    return _in_dist_worker() and _dist(module._kvstore) and bool(module._update_on_kvstore)
+
+
+def module_fetch_param(module, name, value) -> bool:
+    """Module._sync_params_from_devices for a row_sparse weight: only the rows that exist, into `value`."""
+    if not _module_lazy(module):
+        return False
+    ids, values = worker.fetch_rows(module._kvstore, name, value.shape, np.dtype(value.dtype).name)
+    _rsp(value.shape, ids, values, value.dtype).copyto(value)
+    return True
+
+
+def _module_params(module):
+    return [(name, name, module._arg_params[name].shape) for name in module._param_names]
+
+
+def module_save_states(module, fname) -> bool:
+    """Module.save_optimizer_states on a dist kvstore (stock refuses): the servers' states and update counts."""
+    if not _module_lazy(module):
+        return False
+    _save_states(module._kvstore, fname, [(name, key, shape, np.dtype(module._arg_params[name].dtype).name)
+                                          for name, key, shape in _module_params(module)])
+    return True
+
+
+def module_load_states(module, fname) -> bool:
+    """Module.load_optimizer_states on a dist kvstore: collective (every worker, e.g. through Module.load)."""
+    if not _module_lazy(module):
+        return False
+    _restore_states(module._kvstore, fname, _module_params(module), string_keys=True)
+    return True
+
+
+def module_fit_first_batch(module, data_batch, sparse_row_id_fn) -> None:
+    """BaseModule.fit trains each epoch's first batch without prepare(); stock gets away with it because the
+    executor holds every row. A lazy weight holds only the rows last pulled, so pull the first batch's rows too."""
+    if sparse_row_id_fn is not None and _in_dist_worker():
+        module.prepare(data_batch, sparse_row_id_fn=sparse_row_id_fn)
