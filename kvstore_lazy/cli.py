@@ -33,4 +33,16 @@ def server_main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         logging.getLogger("kvstore_lazy").error("%s", exc)
         return 2
-    return ServerNode(config).run()
+    profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
+    if not profile:
+        return ServerNode(config).run()
+    # KVSTORE_LAZY_PROFILE=PREFIX: run under cProfile (CPU time, so a loaded machine does not inflate it), write
+    # PREFIX.<pid>.prof at a normal exit (scripts/bench.py --profile)
+    import cProfile
+    import time
+
+    profiler = cProfile.Profile(time.process_time)
+    try:
+        return profiler.runcall(ServerNode(config).run)
+    finally:
+        profiler.dump_stats(f"{profile}.{os.getpid()}.prof")

@@ -1,0 +1,1048 @@
+"""`make bench`: kvstore_lazy's server against MXNet 1.9.1's stock C++ server, side by side, in one run.
+
+Every measurement is a real ps-lite job on this machine: the stock scheduler, the servers under test (ours:
+``python -m kvstore_lazy.server``; stock: ``DMLC_ROLE=server python -c "import mxnet"``) and stock MXNet workers
+running scripts/bench_workers/*.py, started and supervised by kvstore_lazy.launch.LocalJob, each job with a
+deadline and every process ended by PID. The same worker script, sizes and seeds run against both servers.
+
+Scenarios (--scenarios, default all):
+  init        kv.init of row_sparse keys, input_dim 1e5..1e7 (both servers), 1e8 and 2**40 (ours; a stock
+              worker cannot describe such a key, so a pure-pyzmq ps-lite worker drives our server there), D 32/64:
+              wall time, TCP bytes the workers sent, server RSS after init.
+  memory      Zipf(1.2) row ids, B unique rows per step, SGD-momentum and Adam, K steps: rows seen, rows stored,
+              server RSS, bytes per stored row against the raw bytes per row (D x 4 x (1 + states)).
+  throughput  rows/s per worker and p50/p99 of row_sparse_pull + push (each step waited to completion), B 1024
+              and 8192, 1 and 2 servers, dist_sync and dist_async; server CPU per step; dense push+pull latency of
+              2x3 and 1000x1000 arrays.
+  scale       ours: fill one server with D=64 Adam rows (every step's ids new) and fit RSS against rows;
+              the largest row count within 8 GiB (measured, or extrapolated from the fit: said so in the table);
+              stock: the largest input_dim one server can init (one init message must stay under 2 GiB).
+
+Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, and every job's log under <out>/runs/.
+Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
+
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale] [--out bench-results]
+                            [--profile] [--no-stock] [--verbose] [--report-only]
+
+--quick takes ~2-3 minutes (10 jobs), the default (full) preset ~15 minutes and up to ~9 GiB of RAM for one server
+(scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker building a (1e7, 64) weight. --report-only rebuilds
+the tables, JSON and plot from the job records a run left in --out. scripts/bench_workers/replay.py measures the
+server's CPU per step in-process (no sockets), steady enough for an optimisation's before/after.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import pstats
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "scripts" / "bench_workers"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(WORKERS))
+
+import pngplot  # noqa: E402
+from common import read_results, row_stream  # noqa: E402
+from kvstore_lazy.launch import LocalJob  # noqa: E402
+
+MiB, GiB = 2**20, 2**30
+BUDGET = 8 * GiB
+ROW_KEY = 3                     # the row_sparse key of rows.py
+NUM_WORKERS = 2
+SCENARIOS = ("init", "memory", "throughput", "scale")
+STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
+IMPLS = ("lazy", "stock")
+
+PRESETS = {
+    "quick": {
+        "init": {"dims": [100_000, 1_000_000], "lazy_only_dims": [10_000_000], "pyzmq_dims": [10**8, 2**40],
+                 "D": [32, 64], "stock_timeout": 240},
+        "memory": {"input_dim": 1_000_000, "dim": 32, "batch": 1024, "steps": 40, "optimizers": ["sgd", "adam"]},
+        "throughput": {"input_dim": 1_000_000, "dim": 32, "batches": [[1024, 20], [8192, 12]], "warmup": 3,
+                       "configs": [[1, "dist_sync"], [2, "dist_async"]],
+                       "dense": [["2x3", 100], ["1000x1000", 12]]},
+        "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 1_000_000, "optimizer": "adam"},
+        "timeout": 240,
+    },
+    "full": {
+        "init": {"dims": [100_000, 1_000_000, 10_000_000], "lazy_only_dims": [], "pyzmq_dims": [10**8, 2**40],
+                 "D": [32, 64], "stock_timeout": 900},
+        "memory": {"input_dim": 10_000_000, "dim": 32, "batch": 8192, "steps": 300, "optimizers": ["sgd", "adam"]},
+        "throughput": {"input_dim": 1_000_000, "dim": 32, "batches": [[1024, 100], [8192, 60]], "warmup": 5,
+                       "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]],
+                       "dense": [["2x3", 500], ["1000x1000", 60]]},
+        "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 10_000_000, "optimizer": "adam"},
+        "timeout": 1800,
+    },
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# machine
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def machine() -> dict:
+    info = {"cores": os.cpu_count(), "loadavg": loadavg(), "kernel": platform.release(),
+            "python": platform.python_version()}
+    try:
+        mem = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        info["mem_total_gib"] = round(int(mem["MemTotal"].split()[0]) * 1024 / GiB, 1)
+        info["mem_available_gib"] = round(int(mem["MemAvailable"].split()[0]) * 1024 / GiB, 1)
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        model = [l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")]
+        info["cpu"] = model[0].split(":", 1)[1].strip() if model else platform.processor()
+    except OSError:
+        pass
+    for pkg in ("mxnet", "numpy", "pyzmq"):
+        try:
+            info[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            info[pkg] = None
+    try:
+        info["git"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True, timeout=10).stdout.strip()
+        info["git_dirty"] = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                                                capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# jobs
+
+STATS_JSON = re.compile(r"^\[server (\d+)\] .*? INFO stats: (\{.*\})\s*$")
+STATS_SHUTDOWN = re.compile(r"^\[server (\d+)\] .*? INFO stats \(at shutdown\): key (\d+) rows (\d+) bytes (\d+)")
+ERRORS = re.compile(r"(Error|error|Check failed|Traceback|exited with|deadline|Killed|Segmentation|terminate)")
+
+
+class Sink:
+    """LocalJob's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
+
+    def __init__(self, path: Path | None, verbose: bool) -> None:
+        self.fh = open(path, "w", buffering=1) if path is not None else None   # None: parse only
+        self.verbose = verbose
+        self.buffer = ""
+        self.lock = threading.Lock()
+        self.stats: dict[int, list[dict]] = {}
+        self.shutdown: dict[int, dict[int, int]] = {}
+        self.tail: list[str] = []
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            self.buffer += text
+            while "\n" in self.buffer:
+                line, self.buffer = self.buffer.split("\n", 1)
+                self._line(line)
+
+    def flush(self) -> None:
+        pass
+
+    def _line(self, line: str) -> None:
+        if self.fh is not None:
+            self.fh.write(line + "\n")
+        if self.verbose:
+            print("    " + line, flush=True)
+        m = STATS_JSON.match(line)
+        if m:
+            try:
+                self.stats.setdefault(int(m.group(1)), []).append(json.loads(m.group(2)))
+            except ValueError:
+                pass
+        m = STATS_SHUTDOWN.match(line)
+        if m:
+            self.shutdown.setdefault(int(m.group(1)), {})[int(m.group(2))] = int(m.group(3))
+        if ERRORS.search(line):
+            self.tail = (self.tail + [line])[-12:]
+
+    def close(self) -> None:
+        with self.lock:
+            if self.buffer:
+                self._line(self.buffer)
+                self.buffer = ""
+            if self.fh is not None:
+                self.fh.close()
+
+
+@dataclass
+class Run:
+    name: str
+    server: str
+    status: int
+    wall: float
+    records: list[list[dict]]
+    log: str
+    stats: dict[int, list[dict]] = field(default_factory=dict)
+    shutdown: dict[int, dict[int, int]] = field(default_factory=dict)
+    load: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+    def of(self, kind: str, rank: int | None = 0) -> list[dict]:
+        ranks = range(len(self.records)) if rank is None else [rank]
+        return [r for k in ranks if k < len(self.records) for r in self.records[k] if r.get("kind") == kind]
+
+    def summary(self) -> dict:
+        return {"name": self.name, "server": self.server, "status": self.status, "wall_seconds": round(self.wall, 2),
+                "log": self.log, "loadavg_1min_before_after": self.load, "errors": self.errors,
+                "profiles": self.profiles}
+
+
+class Bench:
+    def __init__(self, args, cfg: dict) -> None:
+        self.args = args
+        self.cfg = cfg
+        self.out = Path(args.out)
+        self.runs_dir = self.out / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.runs: list[Run] = []
+        self.previous: dict[tuple[str, str], dict] = {}
+        if args.report_only and (self.out / "results.json").exists():
+            for j in json.loads((self.out / "results.json").read_text()).get("jobs", []):
+                self.previous[(j["name"], j["server"])] = j
+
+    def load(self, name: str, server: str, num_workers: int) -> Run:
+        """--report-only: a job as an earlier run left it (records, log, status) instead of running it."""
+        run_dir = self.runs_dir / f"{name}-{server}"
+        summary = {}
+        if (run_dir / "run.json").exists():
+            summary = json.loads((run_dir / "run.json").read_text())
+        summary = summary or self.previous.get((name, server), {})
+        sink = Sink(None, False)
+        if (run_dir / "job.log").exists():
+            sink.write((run_dir / "job.log").read_text(errors="replace"))
+        sink.close()
+        run = Run(name=name, server=server, status=int(summary.get("status", 1 if not summary else 0)),
+                  wall=float(summary.get("wall_seconds", 0)),
+                  records=[read_results(str(run_dir / "res"), r) for r in range(num_workers)],
+                  log=str(run_dir / "job.log"), stats=sink.stats, shutdown=sink.shutdown,
+                  load=summary.get("loadavg_1min_before_after", []), errors=summary.get("errors", []),
+                  profiles=[str(p) for p in run_dir.glob("prof.*.prof")])
+        label = "ours " if server == "lazy" else "stock"
+        print(f"  [{label}] {name}: loaded from {run_dir} (status {run.status})", flush=True)
+        self.runs.append(run)
+        return run
+
+    def job(self, name: str, server: str, command: list[str], num_workers: int = NUM_WORKERS,
+            num_servers: int = 1, timeout: float | None = None, profile: bool = False) -> Run:
+        if self.args.report_only:
+            return self.load(name, server, num_workers)
+        run_dir = self.runs_dir / f"{name}-{server}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for old in list(run_dir.glob("res.rank*.jsonl")) + list(run_dir.glob("prof.*.prof")):
+            old.unlink()
+        out = str(run_dir / "res")
+        pids_file = run_dir / "pids.json"
+        pids_file.unlink(missing_ok=True)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+               "BENCH_PIDS": str(pids_file)}
+        server_env = {"KVSTORE_LAZY_STATS_INTERVAL": "86400"}
+        if profile and server == "lazy":
+            server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
+        sink = Sink(run_dir / "job.log", self.args.verbose)
+        job = LocalJob(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
+                       server=server, env=env, server_env=server_env, out=sink)
+        timeout = timeout or self.cfg["timeout"]
+        label = "ours " if server == "lazy" else "stock"
+        print(f"  [{label}] {name}: {num_workers} worker(s), {num_servers} server(s) ... ", end="", flush=True)
+        load_before = loadavg()[:1]
+        started = time.monotonic()
+        try:
+            job.start()
+            pids_file.write_text(json.dumps({"servers": [n.popen.pid for n in job.nodes if n.role == "server"],
+                                             "workers": [n.popen.pid for n in job.nodes if n.role == "worker"]}))
+            status = job.supervise(timeout)
+        finally:
+            job.stop()
+            sink.close()
+        wall = time.monotonic() - started
+        run = Run(name=name, server=server, status=status, wall=wall,
+                  records=[read_results(out, r) for r in range(num_workers)], log=str(run_dir / "job.log"),
+                  stats=sink.stats, shutdown=sink.shutdown, load=load_before + loadavg()[:1],
+                  errors=[] if status == 0 else sink.tail, profiles=[str(p) for p in run_dir.glob("prof.*.prof")])
+        print(f"{'ok' if status == 0 else f'FAILED (status {status})'} in {wall:.1f}s "
+              f"(load {run.load[0] if run.load else '?'} -> {run.load[-1] if run.load else '?'})", flush=True)
+        (run_dir / "run.json").write_text(json.dumps(run.summary(), indent=1))
+        self.runs.append(run)
+        return run
+
+
+def worker(script: str) -> list[str]:
+    return [sys.executable, str(WORKERS / script)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# formatting
+
+def mib(n) -> str:
+    return "-" if n is None else f"{n / MiB:,.1f} MiB"
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    if abs(n) < 10 * 1024:
+        return f"{n:,.0f} B"
+    if abs(n) < 10 * MiB:
+        return f"{n / 1024:,.1f} KiB"
+    return f"{n / MiB:,.1f} MiB"
+
+
+def ms(x) -> str:
+    return "-" if x is None else (f"{x:,.2f} ms" if x < 10 else f"{x:,.1f} ms")
+
+
+def num(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def ratio(a, b) -> str:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b or a is None:
+        return "-"
+    r = a / b
+    if r >= 100 or r < 0.01:
+        return f"{r:.2g}x"
+    return f"{r:.2f}x"
+
+
+def table(title: str, headers: list[str], rows: list[list[str]], notes: list[str] = ()) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
+
+    def fmt(cells):
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines = [title, "=" * len(title), fmt(headers), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in rows]
+    lines += [f"  * {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def verdict(ok: bool | None, text: str) -> str:
+    if ok is None:
+        return text
+    return ("met: " if ok else "MISSED: ") + text
+
+
+def dim_name(n: int) -> str:
+    if n >= 2**30 and n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    exp = math.log10(n)
+    return f"1e{exp:.0f}" if exp == int(exp) else f"{n:,}"
+
+
+def percentile(values, q):
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def fit_line(xs, ys):
+    """Least squares y = a + b x; None if fewer than 2 distinct x."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    if len(xs) < 2 or np.ptp(xs) == 0:
+        return None
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(b)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# rows seen, rebuilt from the workers' deterministic id streams
+
+def rows_seen_at(job: "RowsJob", steps: list[int]) -> dict[int, int]:
+    """Distinct row ids all workers touched after each global step in `steps` (streams as rows.py makes them)."""
+    wanted = sorted(set(steps))
+    result: dict[int, int] = {}
+    seen = np.zeros(0, np.int64)
+    pending: list[np.ndarray] = []
+    step = 0
+    streams = []
+    for index, (_, batch, count, kind) in enumerate(job.phases):
+        streams.append([row_stream(kind, job.input_dim, batch, job.seed + 1000 * index, r, NUM_WORKERS)
+                        for r in range(NUM_WORKERS)])
+    for index, (_, batch, count, kind) in enumerate(job.phases):
+        for _ in range(count):
+            if not wanted or step >= wanted[-1]:
+                break
+            for stream in streams[index]:
+                pending.append(stream.next())
+            step += 1
+            if step in wanted:
+                seen = np.union1d(seen, np.concatenate(pending))
+                pending = []
+                result[step] = int(len(seen))
+    if 0 in wanted:
+        result[0] = 0
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scenario 1: init
+
+def scenario_init(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["init"]
+    keys = [(n, d) for n in c["dims"] for d in c["D"]]
+    lazy_keys = keys + [(n, d) for n in c["lazy_only_dims"] for d in c["D"]]
+    stock_keys = [(n, d) for n, d in keys if n * d < 2**31 - 1]
+    # keys whose init message is over 2 GiB are expected to fail on stock: their own job, a short deadline
+    stock_big = [(n, d) for n, d in stock_keys if n * d * 4 >= 2**31]
+    stock_keys = [k for k in stock_keys if k not in stock_big]
+    runs = {}
+    runs["lazy"] = bench.job("init", "lazy", worker("init_keys.py") + [
+        "--server", "lazy", "--keys", ",".join(f"{n}:{d}" for n, d in lazy_keys)])
+    if not bench.args.no_stock:
+        runs["stock"] = bench.job("init", "stock", worker("init_keys.py") + [
+            "--server", "stock", "--keys", ",".join(f"{n}:{d}" for n, d in stock_keys)],
+            timeout=bench.cfg["init"].get("stock_timeout", 600))
+        if stock_big:
+            runs["stock-over-2GiB"] = bench.job("init-over-2GiB", "stock", worker("init_keys.py") + [
+                "--server", "stock", "--keys", ",".join(f"{n}:{d}" for n, d in stock_big)], timeout=420)
+            stock_keys += stock_big
+    pyzmq_keys = [(n, d) for n in c["pyzmq_dims"] for d in c["D"]]
+    runs["pyzmq"] = bench.job("init-pyzmq", "lazy", worker("pyzmq_init.py") + [
+        "--keys", ",".join(f"{n}:{d}" for n, d in pyzmq_keys)], num_workers=1)
+
+    def measured(run: Run | None, n: int, d: int) -> dict | None:
+        if run is None:
+            return None
+        recs = run.records
+        r0 = [r for r in (recs[0] if recs else []) if r.get("kind") == "init" and r["rows"] == n and r["dim"] == d]
+        if not r0:
+            return None
+        sent = sum(r["bytes_sent"] for rank in recs for r in rank
+                   if r.get("kind") == "init" and r["rows"] == n and r["dim"] == d)
+        idle = next((r["rss"][0] for r in recs[0] if r.get("kind") == "rss" and r["what"] == "idle"), None)
+        rec = r0[0]
+        out = {"seconds": rec["seconds"], "bytes_sent": sent, "rss": rec["rss"][0] if rec["rss"] else None,
+               "rss_before": (rec.get("rss_before") or [idle])[0], "idle_rss": idle,
+               "build_seconds": rec.get("build_seconds"), "touch": rec.get("touch_values_ok")}
+        if run.server == "stock" and sent < n * d * 4 / 2:
+            # kv.init returned, but the weight never went out: the stock worker dropped it without an error
+            out["silent_failure"] = True
+        return out
+
+    rows, data = [], []
+    for n, d in sorted(set(lazy_keys + pyzmq_keys)):
+        via = "pyzmq worker" if (n, d) in pyzmq_keys and (n, d) not in lazy_keys else "stock worker"
+        ours = measured(runs["pyzmq"] if via == "pyzmq worker" else runs["lazy"], n, d)
+        big = n * d * 4 >= 2**31
+        stock_run = runs.get("stock-over-2GiB" if big else "stock")
+        stock = measured(stock_run, n, d)
+        if n * d >= 2**31 - 1:
+            stock_note = ("n/a: stock worker cannot create it (shape overflows)" if n >= 2**32 else
+                          f"n/a: stock worker cannot create it ({n * d:.2g} elements >= 2^31)")
+        elif bench.args.no_stock:
+            stock_note = "not run (--no-stock)"
+        elif (n, d) not in stock_keys:
+            stock_note = "not run (--quick)"
+        elif stock is None:
+            stock_note = "FAILED (see log)" if stock_run and not stock_run.ok else "-"
+            if big and stock_run is not None:
+                why = ("deadline" if stock_run.status == 124 else f"exit status {stock_run.status}")
+                stock_note = f"FAILED ({why}): init message {n * d * 4 / GiB:.2f} GiB >= 2 GiB"
+        else:
+            stock_note = None
+        if stock is not None and stock.get("silent_failure"):
+            grew = (stock["rss"] or 0) - (stock["rss_before"] or 0)
+            stock_note = (f"FAILED silently: returned, sent {fmt_bytes(stock['bytes_sent'])} of "
+                          f"{n * d * 4 / GiB:.2f} GiB, server +{grew / MiB:.0f} MiB")
+        config = f"{dim_name(n)} x {d}"
+        if ours is None and stock is None:
+            rows.append([config, "kv.init", "FAILED" if via else "-", stock_note or "-", "", ""])
+            data.append({"input_dim": n, "dim": d, "via": via, "ours": None, "stock": None, "stock_note": stock_note})
+            continue
+        o_ms = ours["seconds"] * 1e3 if ours else None
+        s_ms = stock["seconds"] * 1e3 if stock else None
+        rows.append([config, f"kv.init wall time ({via})", ms(o_ms), stock_note or ms(s_ms),
+                     "" if stock_note else ratio(o_ms, s_ms),
+                     verdict(o_ms is not None and o_ms < 50, "< 50 ms") if ours else ""])
+        o_b = ours["bytes_sent"] if ours else None
+        s_b = stock["bytes_sent"] if stock else None
+        rows.append(["", "bytes sent by the workers", fmt_bytes(o_b), "" if stock_note else fmt_bytes(s_b),
+                     "" if stock_note else ratio(o_b, s_b),
+                     verdict(o_b is not None and o_b < 4096, "< 4 KB") if ours else ""])
+        rows.append(["", "server RSS after init", mib(ours and ours["rss"]), "" if stock_note else mib(stock["rss"]),
+                     "" if stock_note else ratio(ours and ours["rss"], stock and stock["rss"]), ""])
+        o_d = ours["rss"] - ours["rss_before"] if ours and ours["rss"] and ours["rss_before"] else None
+        s_d = stock["rss"] - stock["rss_before"] if stock and stock["rss"] and stock["rss_before"] else None
+        rows.append(["", "  growth of server RSS by this init", mib(o_d), "" if stock_note else mib(s_d), "", ""])
+        if stock and stock.get("build_seconds"):
+            rows.append(["", "  (stock: building the full weight, untimed)", "",
+                         ms(stock["build_seconds"] * 1e3), "", ""])
+        data.append({"input_dim": n, "dim": d, "via": via, "ours": ours, "stock": stock, "stock_note": stock_note})
+    notes = [
+             "stock inits whose workers sent less than half the weight's bytes are reported as silent failures "
+             "(seen at 1e7 x 64: a 2.38 GiB init message; kv.init returns, nothing reaches the server)","one job per server kind, keys initialized one after the other, smallest first (RSS after init is the "
+             "server's total; 'growth' is this key's share)",
+             "bytes sent: TCP bytes all workers sent during kv.init (kernel counters, `ss -tinpH`), barrier messages "
+             "included; stock: only rank 0 pushes the weight",
+             "stock init = what a stock user does: the full initial weight as row_sparse (rank 0); "
+             "ours = kvstore_lazy.worker.init_lazy (a declaration + an empty row_sparse init)",
+             "pyzmq worker: 1e8 x 32+ and 2^40 rows cannot be described by a stock worker at all, so a pure-pyzmq "
+             "ps-lite worker (scripts/bench_workers/pyzmq_init.py, 1 worker, same stock scheduler) sends what "
+             "init_lazy sends, then pulls and pushes the last 64 rows of the range"]
+    for name, run in runs.items():
+        if not run.ok:
+            notes.append(f"{name} job FAILED (status {run.status}): {run.log}" +
+                         (f"; last error lines: {' | '.join(run.errors[-3:])[:400]}" if run.errors else ""))
+    for n, d in pyzmq_keys:
+        rec = measured(runs["pyzmq"], n, d)
+        if rec is not None and rec["touch"] is not None:
+            notes.append(f"{dim_name(n)} x {d}: pulling rows {n - 64}..{n - 1} returned initializer values: "
+                         f"{'yes' if rec['touch'] else 'NO'}")
+    return table("Scenario 1: init of a row_sparse key", ["config", "metric", "ours", "stock", "ours/stock",
+                                                         "target"], rows, notes), \
+        {"keys": data, "runs": {k: v.summary() for k, v in runs.items()}}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# row jobs (memory, throughput, scale share them)
+
+@dataclass
+class RowsJob:
+    name: str
+    servers: int
+    mode: str
+    optimizer: str
+    input_dim: int
+    dim: int
+    phases: list = field(default_factory=list)       # (tag, batch, steps, ids)
+    dense: list = field(default_factory=list)        # ("RxC", iterations)
+    rss_every: int = 0
+    impls: tuple = IMPLS
+    seed: int = 1
+    timeout: float | None = None
+    runs: dict = field(default_factory=dict)         # impl -> Run
+
+    def argv(self, impl: str) -> list[str]:
+        return worker("rows.py") + [
+            "--server", impl, "--mode", self.mode, "--input-dim", str(self.input_dim), "--dim", str(self.dim),
+            "--key", str(ROW_KEY), "--optimizer", self.optimizer, "--seed", str(self.seed),
+            "--phases", ",".join(f"{b}:{s}:{k}" for _, b, s, k in self.phases),
+            "--rss-every", str(self.rss_every), "--dense", ",".join(f"{s}:{i}" for s, i in self.dense)]
+
+    def phase_index(self, tag: str, batch: int | None = None) -> int | None:
+        for i, (t, b, _, _) in enumerate(self.phases):
+            if t == tag and (batch is None or b == batch):
+                return i
+        return None
+
+
+def plan_rows_jobs(cfg: dict, scenarios) -> dict[str, RowsJob]:
+    jobs: dict[tuple, RowsJob] = {}
+
+    def get(name, servers, mode, optimizer, input_dim, dim, impls=IMPLS) -> RowsJob:
+        key = (servers, mode, optimizer, input_dim, dim, impls)
+        if key not in jobs:
+            jobs[key] = RowsJob(name, servers, mode, optimizer, input_dim, dim, impls=impls)
+        return jobs[key]
+
+    if "memory" in scenarios:
+        m = cfg["memory"]
+        for opt in m["optimizers"]:
+            j = get(f"memory-{opt}", 1, "dist_sync", opt, m["input_dim"], m["dim"])
+            j.phases.append(("memory", m["batch"], m["steps"], "zipf"))
+            j.rss_every = max(1, m["steps"] // 10)
+    if "throughput" in scenarios:
+        t = cfg["throughput"]
+        for servers, mode in t["configs"]:
+            j = get(f"throughput-{servers}s-{mode.split('_')[1]}", servers, mode, "sgd", t["input_dim"], t["dim"])
+            if j.name.startswith("memory"):
+                j.name = f"memory-sgd+throughput-{servers}s-{mode.split('_')[1]}"
+            j.phases += [("throughput", b, s, "zipf") for b, s in t["batches"]]
+            j.dense += [tuple(x) for x in t["dense"]]
+    if "scale" in scenarios:
+        s = cfg["scale"]
+        j = get("scale", 1, "dist_sync", s["optimizer"], s["input_dim"], s["dim"], impls=("lazy",))
+        steps = -(-s["rows"] // (s["batch"] * NUM_WORKERS))
+        j.phases.append(("scale", s["batch"], steps, "fresh"))
+        j.rss_every = max(1, steps // 16)
+        j.timeout = max(cfg["timeout"], steps * 30)
+    return {j.name: j for j in jobs.values()}
+
+
+def run_rows_jobs(bench: Bench, jobs: dict[str, RowsJob]) -> None:
+    for job in jobs.values():
+        for impl in job.impls:
+            if impl == "stock" and bench.args.no_stock:
+                continue
+            profile = bench.args.profile and any(t == "throughput" for t, *_ in job.phases)
+            job.runs[impl] = bench.job(job.name, impl, job.argv(impl), num_servers=job.servers,
+                                       timeout=job.timeout, profile=profile)
+
+
+def rss_points(job: RowsJob, run: Run) -> tuple[int | None, list[tuple[int, int]]]:
+    """(idle RSS, [(global step, summed server RSS)]) from rank 0's records."""
+    idle = None
+    points = []
+    for r in run.of("rss"):
+        if None in (r.get("rss") or [None]):
+            continue
+        total = sum(r["rss"])
+        if r["what"] == "idle":
+            idle = total
+        elif r["what"] in ("step", "phase"):   # not "end": it comes after the dense keys
+            points.append((r["step"], total))
+    return idle, sorted(set(points))
+
+
+def lazy_rows_stored(run: Run, phase: int | None) -> int | None:
+    """Rows of ROW_KEY on all servers after a phase (the stats rank 0 requested after it) or at shutdown."""
+    if phase is not None and run.stats and all(len(v) > phase for v in run.stats.values()):
+        return sum(int(v[phase]["sparse"].get(str(ROW_KEY), {}).get("rows", 0)) for v in run.stats.values())
+    if run.shutdown:
+        return sum(v.get(ROW_KEY, 0) for v in run.shutdown.values())
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scenario 2: memory
+
+def scenario_memory(bench: Bench, jobs: dict[str, RowsJob]) -> tuple[str, dict, list[dict]]:
+    m = bench.cfg["memory"]
+    rows, data, series = [], {}, []
+    colors = {("lazy", "sgd"): "blue", ("lazy", "adam"): "green", ("stock", "sgd"): "red",
+              ("stock", "adam"): "orange"}
+    for opt in m["optimizers"]:
+        job = next(j for j in jobs.values() if j.phase_index("memory") is not None and j.optimizer == opt)
+        phase = job.phase_index("memory")
+        end_step = sum(s for _, _, s, _ in job.phases[:phase + 1])
+        row_steps = sum(s for _, _, s, _ in job.phases)
+        raw = job.dim * 4 * (1 + STATES[opt])
+        res = {}
+        for impl, run in job.runs.items():
+            idle, points = rss_points(job, run)
+            after = next((r["rss"] for r in run.of("rss") if r["what"] == "phase" and r.get("phase") == phase), None)
+            after = sum(after) if after and None not in after else None
+            res[impl] = {"ok": run.ok, "idle_rss": idle, "rss": after, "points": points}
+        steps_needed = [s for impl in res for s, _ in res[impl]["points"]] + [end_step]
+        seen_at = rows_seen_at(job, steps_needed)
+        seen = seen_at.get(end_step)
+        for impl, r in res.items():
+            stored = lazy_rows_stored(job.runs[impl], phase) if impl == "lazy" else job.input_dim
+            r["rows_stored"] = stored
+            r["rows_seen"] = seen
+            grown = r["rss"] - r["idle_rss"] if r["rss"] is not None and r["idle_rss"] is not None else None
+            r["bytes_per_stored_row"] = grown / stored if grown is not None and stored else None
+            r["bytes_per_seen_row"] = grown / seen if grown is not None and seen else None
+            pts = [(seen_at[s], v) for s, v in r["points"] if s in seen_at and s <= end_step and s > 0]
+            fit = fit_line([p[0] for p in pts[len(pts) // 2:]], [p[1] for p in pts[len(pts) // 2:]]) \
+                if impl == "lazy" else None
+            r["fit"] = fit
+            r["curve"] = [(seen_at[s], v) for s, v in r["points"] if s in seen_at and s <= row_steps]
+            label = f"{'ours' if impl == 'lazy' else 'stock'} {opt}, input_dim {dim_name(job.input_dim)}, D {job.dim}"
+            series.append({"x": [x for x, _ in r["curve"]], "y": [v / MiB for _, v in r["curve"]],
+                           "label": label, "color": colors[(impl, opt)], "dash": impl == "stock"})
+        o, s = res.get("lazy", {}), res.get("stock", {})
+        title = f"{opt}{' (momentum)' if opt == 'sgd' else ''}, {dim_name(job.input_dim)} x {job.dim}"
+        rows.append([title, "rows seen (distinct ids pulled+pushed)", num(seen), num(seen), "", ""])
+        rows.append(["", "rows stored", num(o.get("rows_stored")), num(s.get("rows_stored")),
+                     ratio(o.get("rows_stored"), s.get("rows_stored")),
+                     verdict(o.get("rows_stored") == seen, "= rows seen") if o else ""])
+        rows.append(["", "server RSS idle (before init)", mib(o.get("idle_rss")), mib(s.get("idle_rss")),
+                     ratio(o.get("idle_rss"), s.get("idle_rss")), verdict(
+                         o.get("idle_rss") is not None and o["idle_rss"] < 150 * MiB, "fixed < 150 MB")
+                     if o.get("idle_rss") else ""])
+        rows.append(["", f"server RSS after {job.phases[phase][2]} steps of B={job.phases[phase][1]}",
+                     mib(o.get("rss")), mib(s.get("rss")), ratio(o.get("rss"), s.get("rss")), ""])
+        rows.append(["", "bytes per stored row ((RSS - idle) / rows stored)", num(o.get("bytes_per_stored_row")),
+                     num(s.get("bytes_per_stored_row")),
+                     ratio(o.get("bytes_per_stored_row"), s.get("bytes_per_stored_row")),
+                     verdict(o.get("bytes_per_stored_row") is not None and o["bytes_per_stored_row"] <= 1.25 * raw,
+                             f"<= 1.25 x raw = {1.25 * raw:.0f}") if o.get("bytes_per_stored_row") else ""])
+        if o.get("fit"):
+            a, b = o["fit"]
+            rows.append(["", "  marginal bytes per row (RSS fit over the 2nd half)", num(b), "", "",
+                         verdict(b <= 1.25 * raw, f"<= {1.25 * raw:.0f}")])
+            rows.append(["", "  fixed part of that fit (RSS at 0 rows)", mib(a), "", "",
+                         verdict(a < 150 * MiB, "< 150 MB")])
+        rows.append(["", "bytes per seen row ((RSS - idle) / rows seen)", num(o.get("bytes_per_seen_row")),
+                     num(s.get("bytes_per_seen_row")),
+                     ratio(o.get("bytes_per_seen_row"), s.get("bytes_per_seen_row")), ""])
+        rows.append(["", f"raw bytes per row (D x 4 x (1 + {STATES[opt]}))", num(raw), num(raw), "", ""])
+        for impl, r in res.items():
+            if not r["ok"]:
+                rows.append(["", f"{impl} job FAILED", job.runs[impl].log, "", "", ""])
+        data[opt] = {"job": job.name, "input_dim": job.input_dim, "dim": job.dim, "raw_bytes_per_row": raw,
+                     "batch": job.phases[phase][1], "steps": job.phases[phase][2],
+                     **{impl: r for impl, r in res.items()}}
+    notes = ["one server, 2 workers, dist_sync; each worker pulls then pushes B distinct Zipf(1.2) ids per step "
+             "(folded into input_dim, scrambled by a fixed bijection so hot rows are spread)",
+             "rows seen: rebuilt from the workers' seeded id streams; rows stored: our servers' own count "
+             "(stats command), stock: the whole key",
+             "RSS: VmRSS of the server process(es), read by rank 0 after a barrier",
+             "ratio < 1: ours needs less"]
+    return (table("Scenario 2: server memory at steady state", ["config", "metric", "ours", "stock",
+                                                               "ours/stock", "target"], rows, notes), data, series)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scenario 3: throughput
+
+def phase_stats(run: Run, index: int, warmup: int) -> dict | None:
+    per_worker = [r for r in run.of("phase", None) if r["index"] == index]
+    if len(per_worker) != len(run.records) or not per_worker:
+        return None
+    lat, rates, pulls, pushes = [], [], [], []
+    for r in per_worker:
+        steps = np.asarray(r["pull_ms"]) + np.asarray(r["push_ms"])
+        steps = steps[warmup:] if len(steps) > warmup else steps
+        lat += steps.tolist()
+        pulls += r["pull_ms"][warmup:]
+        pushes += r["push_ms"][warmup:]
+        rates.append(r["batch"] / (steps.mean() / 1e3))
+    cpu = next((r.get("server_cpu") for r in per_worker if r.get("server_cpu")), None)
+    cpu_ms = sum(cpu) / per_worker[0]["steps"] * 1e3 if cpu and None not in cpu else None
+    return {"batch": per_worker[0]["batch"], "steps": per_worker[0]["steps"], "warmup": warmup,
+            "rows_per_s_per_worker": float(np.mean(rates)), "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99), "pull_p50_ms": percentile(pulls, 50), "push_p50_ms": percentile(pushes, 50),
+            "server_cpu_ms_per_step": cpu_ms}
+
+
+def dense_stats(run: Run, shape: list[int], warmup: int) -> dict | None:
+    per_worker = [r for r in run.of("dense", None) if r["shape"] == shape]
+    if len(per_worker) != len(run.records) or not per_worker:
+        return None
+    lat = []
+    for r in per_worker:
+        steps = (np.asarray(r["push_ms"]) + np.asarray(r["pull_ms"]))[warmup:]
+        lat += steps.tolist()
+    cpu = next((r.get("server_cpu") for r in per_worker if r.get("server_cpu")), None)
+    iters = len(per_worker[0]["push_ms"])
+    return {"p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "iterations": iters,
+            "server_cpu_ms_per_iter": sum(cpu) / iters * 1e3 if cpu and None not in cpu else None}
+
+
+def scenario_throughput(bench: Bench, jobs: dict[str, RowsJob]) -> tuple[str, dict]:
+    t = bench.cfg["throughput"]
+    warmup = t["warmup"]
+    rows, data = [], []
+    for servers, mode in t["configs"]:
+        job = next(j for j in jobs.values() if j.servers == servers and j.mode == mode and
+                   j.phase_index("throughput") is not None)
+        for batch, _ in t["batches"]:
+            index = job.phase_index("throughput", batch)
+            res = {impl: phase_stats(run, index, warmup) for impl, run in job.runs.items()}
+            o, s = res.get("lazy") or {}, res.get("stock") or {}
+            config = f"{servers} server{'s' if servers > 1 else ''}, {mode}, B={batch}"
+            target = verdict(None if not o or not s else o["rows_per_s_per_worker"] >= s["rows_per_s_per_worker"],
+                             ">= 1.0x stock") if batch == 8192 and job.dim == 32 else ""
+            rows.append([config, "rows/s per worker (pull+push)", num(o.get("rows_per_s_per_worker")),
+                         num(s.get("rows_per_s_per_worker")),
+                         ratio(o.get("rows_per_s_per_worker"), s.get("rows_per_s_per_worker")), target])
+            rows.append(["", "latency p50 (pull+push)", ms(o.get("p50_ms")), ms(s.get("p50_ms")),
+                         ratio(o.get("p50_ms"), s.get("p50_ms")), ""])
+            rows.append(["", "latency p99", ms(o.get("p99_ms")), ms(s.get("p99_ms")),
+                         ratio(o.get("p99_ms"), s.get("p99_ms")), ""])
+            rows.append(["", "  p50 of pull / of push", f"{ms(o.get('pull_p50_ms'))} / {ms(o.get('push_p50_ms'))}",
+                         f"{ms(s.get('pull_p50_ms'))} / {ms(s.get('push_p50_ms'))}", "", ""])
+            rows.append(["", "server CPU per step (all servers)", ms(o.get("server_cpu_ms_per_step")),
+                         ms(s.get("server_cpu_ms_per_step")),
+                         ratio(o.get("server_cpu_ms_per_step"), s.get("server_cpu_ms_per_step")), ""])
+            data.append({"servers": servers, "mode": mode, "batch": batch, "dim": job.dim,
+                         "input_dim": job.input_dim, "job": job.name, "ours": res.get("lazy"),
+                         "stock": res.get("stock")})
+        for size, _ in job.dense:
+            shape = [int(x) for x in size.split("x")]
+            res = {impl: dense_stats(run, shape, warmup) for impl, run in job.runs.items()}
+            o, s = res.get("lazy") or {}, res.get("stock") or {}
+            bound = 1.5 if shape[0] * shape[1] < 10_000 else 1.1
+            ok = None if not o or not s else o["p50_ms"] <= bound * s["p50_ms"]
+            config = f"{servers} server{'s' if servers > 1 else ''}, {mode}, dense {size}"
+            rows.append([config, "push+pull latency p50", ms(o.get("p50_ms")), ms(s.get("p50_ms")),
+                         ratio(o.get("p50_ms"), s.get("p50_ms")), verdict(ok, f"<= {bound}x stock")])
+            rows.append(["", "push+pull latency p99", ms(o.get("p99_ms")), ms(s.get("p99_ms")),
+                         ratio(o.get("p99_ms"), s.get("p99_ms")), ""])
+            rows.append(["", "server CPU per push+pull", ms(o.get("server_cpu_ms_per_iter")),
+                         ms(s.get("server_cpu_ms_per_iter")),
+                         ratio(o.get("server_cpu_ms_per_iter"), s.get("server_cpu_ms_per_iter")), ""])
+            data.append({"servers": servers, "mode": mode, "dense": shape, "job": job.name, "ours": res.get("lazy"),
+                         "stock": res.get("stock")})
+        for impl, run in job.runs.items():
+            if not run.ok:
+                rows.append([f"{servers} server(s), {mode}", f"{impl} job FAILED", run.log, "", "", ""])
+    notes = [f"2 workers, key {dim_name(t['input_dim'])} x {t['dim']}, SGD-momentum on the servers; each step "
+             f"pulls B distinct Zipf ids then pushes their gradients, both waited to completion; the first "
+             f"{warmup} steps of each phase are left out of rows/s and latency (their new rows are the most)",
+             "rows/s per worker = B / mean step latency, averaged over workers; latency percentiles pool both "
+             "workers' steps",
+             "server CPU: user+system CPU of the server processes over the phase (all steps), per step: steadier "
+             "than latency on a loaded machine",
+             "ratio: ours/stock (rows/s: > 1 is better; latency and CPU: < 1 is better)"]
+    return table("Scenario 3: throughput and latency", ["config", "metric", "ours", "stock", "ours/stock",
+                                                       "target"], rows, notes), {"results": data}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scenario 4: scale
+
+def scenario_scale(bench: Bench, jobs: dict[str, RowsJob], init_data: dict | None) -> tuple[str, dict, list[dict]]:
+    s = bench.cfg["scale"]
+    job = jobs["scale"]
+    run = job.runs["lazy"]
+    raw = s["dim"] * 4 * (1 + STATES[s["optimizer"]])
+    idle, points = rss_points(job, run)
+    seen_at = rows_seen_at(job, [p for p, _ in points])
+    curve = [(seen_at[p], v) for p, v in points if p in seen_at]
+    stored = lazy_rows_stored(run, 0)
+    rows, series = [], []
+    fit = fit_line([x for x, _ in curve[len(curve) // 2:]], [y for _, y in curve[len(curve) // 2:]])
+    max_seen, max_rss = (curve[-1] if curve else (None, None))
+    within = within_fit = within_avg = None
+    if fit and fit[1] > 0:
+        within_fit = int((BUDGET - fit[0]) / fit[1])
+    if max_seen and max_rss and idle is not None and max_rss > idle:
+        # every byte above idle counted as per-row (batch buffers included): the low estimate
+        within_avg = int((BUDGET - idle) / ((max_rss - idle) / max_seen))
+    candidates = [w for w in (within_fit, within_avg) if w is not None]
+    within = min(candidates) if candidates else None          # the low extrapolation
+    held = max((x for x, v in curve if v <= BUDGET), default=None)    # the most rows measured within budget
+    if held is not None:
+        within = max(held, within or 0)
+    target_rows = 10_000_000
+    at_target = next((v for x, v in curve if x >= target_rows), None)
+    extrapolated_target = (fit[0] + fit[1] * target_rows) if fit else None
+    ours_cfg = f"ours: {s['optimizer']}, D={s['dim']}"
+    rows.append([ours_cfg, "rows seen = rows stored (measured)", f"{num(max_seen)} = {num(stored)}", "", "",
+                 verdict(max_seen == stored, "equal") if stored is not None else ""])
+    rows.append(["", "server RSS at that point (measured)", mib(max_rss), "", "", ""])
+    rows.append(["", "server RSS idle", mib(idle), "", "", ""])
+    if fit:
+        rows.append(["", "marginal bytes per row (fit over the 2nd half)", num(fit[1]), "", "",
+                     verdict(fit[1] <= 1.25 * raw, f"<= 1.25 x raw {raw} = {1.25 * raw:.0f}")])
+        rows.append(["", "fixed part of the fit", mib(fit[0]), "", "", verdict(fit[0] < 150 * MiB, "< 150 MB")])
+    if at_target is not None:
+        rows.append(["", f"RSS at {target_rows / 1e6:.0f}M seen rows (measured)", mib(at_target), "", "",
+                     verdict(at_target <= BUDGET, "<= 8 GiB")])
+    elif extrapolated_target is not None:
+        rows.append(["", f"RSS at {target_rows / 1e6:.0f}M seen rows (EXTRAPOLATED from the fit)",
+                     mib(extrapolated_target), "", "", verdict(extrapolated_target <= BUDGET, "<= 8 GiB")])
+    label = "measured" if held is not None and (held >= (within or 0) or max_rss > BUDGET) else "EXTRAPOLATED"
+    if held is not None and max_rss is not None and max_rss > BUDGET:
+        within = held   # the run went past the budget: the measured point below it is the answer
+    if max_seen and max_rss is not None and idle is not None and max_rss > idle:
+        rows.append(["", "average bytes per row above idle at that point", num((max_rss - idle) / max_seen), "", "",
+                     ""])
+    if held is not None:
+        rss_held = next(v for x, v in curve if x == held)
+        rows.append(["", "most seen rows measured within 8 GiB", f"{num(held)} ({mib(rss_held)})", "", "", ""])
+    rows.append(["", "largest seen-row count within 8 GiB (EXTRAPOLATED: low = average bytes/row above idle, "
+                     "high = fit)", f"{num(within_avg)} .. {num(within_fit)}", "", "", ""])
+    # stock: one init message carries the whole key (per server, the server's share if partitioned)
+    limit_message = (2**31 - 1) // (s["dim"] * 4)
+    stock_idle = None
+    for j in jobs.values():
+        if "stock" in j.runs:
+            stock_idle = rss_points(j, j.runs["stock"])[0] or stock_idle
+    limit_memory = int((BUDGET - (stock_idle or 0)) / raw)
+    stock_cfg = f"stock: {s['optimizer']}, D={s['dim']}, 1 server"
+    rows.append([stock_cfg, "largest input_dim: init message < 2 GiB", "", num(limit_message), "", ""])
+    rows.append(["", "largest input_dim: weight+states within 8 GiB", "", num(limit_memory), "", ""])
+    measured_fail = None
+    if init_data:
+        for k in init_data.get("keys", []):
+            if k["dim"] == s["dim"] and k["input_dim"] * s["dim"] * 4 >= 2**31 and k["input_dim"] * s["dim"] < 2**31:
+                measured_fail = k
+    if measured_fail is not None:
+        note = measured_fail.get("stock_note") or ("ok" if measured_fail.get("stock") else "failed")
+        rows.append(["", f"measured: init of {dim_name(measured_fail['input_dim'])} x {s['dim']} (scenario 1)", "",
+                     note[:60] + ("..." if len(note) > 60 else ""), "", ""])
+    stock_rows = min(limit_message, limit_memory)
+    rows.append(["rows one server holds in 8 GiB", f"ours ({label}): seen rows; stock: input_dim (all rows)",
+                 num(within), num(stock_rows), ratio(within, stock_rows),
+                 verdict(within is not None and within >= target_rows, ">= 10M seen rows D=64 Adam")])
+    series.append({"x": [x for x, _ in curve], "y": [v / MiB for _, v in curve],
+                   "label": f"ours {s['optimizer']}, D {s['dim']} (new rows only)", "color": "purple"})
+    if fit and max_seen and within and within > max_seen and max_rss:
+        series.append({"x": [max_seen, within], "y": [max_rss / MiB, BUDGET / MiB],
+                       "label": "ours, extrapolated (low estimate)", "color": "purple", "dash": True,
+                       "marker": False})
+    stock_rss = (stock_idle or 0) + stock_rows * raw
+    series.append({"x": [1000, stock_rows], "y": [stock_rss / MiB, stock_rss / MiB],
+                   "label": f"stock {s['optimizer']}, D {s['dim']}, input_dim {stock_rows / 1e6:.1f}M (max; computed)",
+                   "color": "brown", "dash": True, "marker": False})
+    notes = [f"ours: one server, 2 workers, dist_sync, B={s['batch']} ids per worker per step that no worker "
+             f"touched before (every pull creates B rows), key {dim_name(s['input_dim'])} x {s['dim']} (a stock worker's NDArray limit), "
+             f"run up to {s['rows']:,} rows; beyond the run, RSS is extrapolated (low: the average bytes per row "
+             f"above idle at the last point, buffers included; high: a line fitted to the 2nd half of the points)",
+             "stock: the limit is on input_dim, whatever the job touches; its server holds input_dim x D x 4 x "
+             f"(1 + {STATES[s['optimizer']]}) bytes + idle RSS; the message limit applies to one server (with S "
+             "servers each gets 1/S of the rows)",
+             "8 GiB = 8 x 2^30 bytes"]
+    if not run.ok:
+        notes.append(f"scale job FAILED: {run.log}")
+    data = {"ours": {"curve": curve, "fit": fit, "rows_within_budget": within, "rows_within_budget_fit": within_fit,
+                     "rows_within_budget_average": within_avg, "label": label, "idle_rss": idle,
+                     "rows_stored": stored, "rss_at_10M": at_target, "rss_at_10M_extrapolated": extrapolated_target,
+                     "raw_bytes_per_row": raw},
+            "stock": {"input_dim_limit_message": limit_message, "input_dim_limit_memory": limit_memory,
+                      "idle_rss": stock_idle}}
+    return table("Scenario 4: scale (one server, 8 GiB)", ["config", "metric", "ours", "stock", "ours/stock",
+                                                          "target"], rows, notes), data, series
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# profiles
+
+def profile_report(runs: list[Run], top: int = 14) -> str:
+    lines = []
+    for run in runs:
+        for path in run.profiles:
+            stats = pstats.Stats(path)
+            total = stats.total_tt
+            entries = []
+            for (file, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+                short = f"{Path(file).name}:{line}({func})"
+                entries.append((tt, ct, nc, short))
+            entries.sort(reverse=True)
+            busy = total - sum(tt for tt, _, _, name in entries if "poll" in name)
+            lines.append(f"{run.name} ({path}): {total:.2f} s CPU in the server process, {busy:.2f} s outside "
+                         f"zmq poll")
+            lines.append(f"  {'CPU s':>7}  {'% busy':>6}  {'cum s':>7}  {'calls':>7}  function")
+            for tt, ct, nc, name in entries[:top]:
+                lines.append(f"  {tt:7.3f}  {100 * tt / busy if busy else 0:5.1f}%  {ct:7.3f}  {nc:7d}  {name}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    parser.add_argument("--out", default=str(ROOT / "bench-results"), help="output directory (default bench-results/)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run our servers of the throughput jobs under cProfile (CPU time) and print hot spots; "
+                             "their numbers then carry the profiler's overhead")
+    parser.add_argument("--no-stock", action="store_true", help="only our server (no side by side)")
+    parser.add_argument("--verbose", action="store_true", help="echo every job's output")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: rebuild the tables, JSON and plot from the job records an earlier run "
+                             "with the same preset left in --out")
+    args = parser.parse_args(argv)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}")
+    preset = "quick" if args.quick else "full"
+    cfg = json.loads(json.dumps(PRESETS[preset]))
+    bench = Bench(args, cfg)
+    started = time.monotonic()
+    info = machine()
+    print(f"kvstore_lazy benchmark ({preset}), {time.strftime('%Y-%m-%d %H:%M:%S')}; machine: {info.get('cores')} "
+          f"cores, {info.get('mem_total_gib')} GiB ({info.get('mem_available_gib')} GiB available), "
+          f"{info.get('cpu', '?')}; load average {' '.join(map(str, info['loadavg']))}; mxnet {info.get('mxnet')}, "
+          f"numpy {info.get('numpy')}, pyzmq {info.get('pyzmq')}; git {info.get('git')}"
+          f"{' (uncommitted changes)' if info.get('git_dirty') else ''}", flush=True)
+    print(f"output: {bench.out}", flush=True)
+
+    results = {"preset": preset, "config": cfg, "machine_start": info, "scenarios": {}}
+    texts, series = [], []
+    report_errors = []
+
+    def report(name: str, build) -> object:
+        """A table that cannot be built (a bug, or a job that left nothing) must not cost the other tables."""
+        try:
+            out = build()
+        except Exception:   # noqa: BLE001 - report and carry on; the raw records stay in the job dirs
+            import traceback
+            trace = traceback.format_exc()
+            report_errors.append(f"{name}: {trace.strip().splitlines()[-1]}")
+            texts.append(f"{name}: could not build the table:\n{trace}")
+            return None
+        texts.append(out[0])
+        results["scenarios"][name] = out[1]
+        if len(out) > 2:
+            series.extend(out[2])
+        (bench.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+        return out[1]
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        init_data = None
+        if "init" in scenarios:
+            print("scenario 1: init", flush=True)
+            init_data = report("init", lambda: scenario_init(bench))
+        jobs = plan_rows_jobs(cfg, scenarios)
+        if jobs:
+            print("scenarios 2-4: row jobs", flush=True)
+            run_rows_jobs(bench, jobs)
+        if "memory" in scenarios:
+            report("memory", lambda: scenario_memory(bench, jobs))
+        if "throughput" in scenarios:
+            report("throughput", lambda: scenario_throughput(bench, jobs))
+        if "scale" in scenarios:
+            report("scale", lambda: scenario_scale(bench, jobs, init_data))
+    except KeyboardInterrupt:
+        print("\ninterrupted; every process of the running job was stopped", flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    end = machine()
+    wall = time.monotonic() - started
+    loads = [r.load[0] for r in bench.runs if r.load]
+    if args.report_only and bench.previous:
+        info = json.loads((bench.out / "results.json").read_text()).get("machine_start", info) \
+            if (bench.out / "results.json").exists() else info
+        wall = sum(r.wall for r in bench.runs)
+    rebuilt = " (tables rebuilt from the run's job records with --report-only)" if args.report_only else ""
+    header = (f"kvstore_lazy vs stock MXNet 1.9.1 server, {preset} preset{rebuilt}, {time.strftime('%Y-%m-%d')}; "
+              f"{info.get('cores')} cores, {info.get('mem_total_gib')} GiB, {info.get('cpu', '?')}; "
+              f"1-min load average during the jobs {min(loads, default=0):.1f}..{max(loads, default=0):.1f} "
+              f"(other work on the machine shares the cores: latencies and rows/s move with it, server CPU less); "
+              f"{len(bench.runs)} jobs in {wall:.0f}s; command: python scripts/bench.py "
+              f"{' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    report = header + "\n\n" + "\n\n".join(texts)
+    if args.profile:
+        prof = profile_report([r for r in bench.runs if r.profiles])
+        if prof:
+            report += "\n\nHot spots of our server (cProfile, CPU time)\n" + prof
+    print("\n" + report)
+    results["machine_end"] = end
+    results["wall_seconds"] = wall
+    results["jobs"] = [r.summary() for r in bench.runs]
+    (bench.out / "tables.txt").write_text(report + "\n")
+    (bench.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    if series:
+        pngplot.plot(bench.out / "memory_vs_rows.png", series, "SERVER MEMORY VS ROWS SEEN (ONE SERVER)",
+                     "rows seen (distinct row ids touched by the workers)", "server RSS (MiB)",
+                     hlines=[(BUDGET / MiB, "8 GIB")],
+                     notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}. dashed: stock (its memory follows "
+                            f"input_dim, not rows seen)"])
+    print(f"\nwrote {bench.out / 'tables.txt'}, {bench.out / 'results.json'}"
+          f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}; job logs under {bench.runs_dir}")
+    failed = [r for r in bench.runs if r.server == "lazy" and not r.ok]
+    for r in failed:
+        print(f"our job {r.name} FAILED (status {r.status}): {r.log}\n    " + "\n    ".join(r.errors[-5:]))
+    for e in report_errors:
+        print(f"table not built: {e}")
+    return 1 if failed or report_errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
