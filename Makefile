@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-integration demo bench patch unpatch clean
+.PHONY: venv test test-unit test-integration demo bench bench-quick patch unpatch clean
 
 venv: $(STAMP)
 
@@ -40,3 +40,6 @@ unpatch: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+bench-quick: venv
+	$(PY) scripts/bench.py --quick
