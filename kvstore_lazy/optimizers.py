@@ -112,6 +112,36 @@ def _sign(x):
     return (x > 0).astype(_f32) - (x < 0).astype(_f32)
 
 
+class _Scratch:
+    """Reusable float32 work buffers for the in-place update paths.
+
+    ``get(shape, k)`` returns k distinct float32 arrays of ``shape``. They are views of
+    flat buffers that grow to the largest size requested, so memory stays bounded by
+    k times the largest key. A copy (deepcopy, pickle) starts empty.
+    """
+    __slots__ = ('bufs',)
+
+    def __init__(self):
+        self.bufs = []
+
+    def get(self, shape, k):
+        size = math.prod(shape)
+        bufs, out = self.bufs, []
+        for i in range(k):
+            if i == len(bufs):
+                bufs.append(np.empty(size, dtype=_f32))
+            elif bufs[i].size < size:
+                bufs[i] = np.empty(size, dtype=_f32)
+            out.append(bufs[i][:size].reshape(shape))
+        return out
+
+    def __deepcopy__(self, memo):
+        return _Scratch()
+
+    def __reduce__(self):
+        return (_Scratch, ())
+
+
 # --------------------------------------------------------------------------------------
 # lr schedulers: the __call__ logic of mxnet/lr_scheduler.py (they are stateful).
 # --------------------------------------------------------------------------------------
@@ -193,6 +223,7 @@ class Optimizer:
             raise UnsafePickleError(f'{type(self).__name__} state lacks {missing}')
         self.__dict__.update(state)
         self.param_dict = {}
+        self._scratch = _Scratch()
         # mxnet's Updater calls _set_current_context(weight.context.device_id); the server is cpu(0)
         self._index_update_count = self._all_index_update_counts.setdefault(0, {})
 
@@ -240,6 +271,21 @@ class Optimizer:
             wd *= self.wd_mult.get(self.idx2name[index], 1.0)
         return wd
 
+    def _buffers(self, weight, grad, states, k):
+        """k scratch buffers shaped like `weight` for the in-place path, or None.
+
+        The in-place path runs only when grad and every state are float32 and shaped like the
+        (float32) weight. Anything else (e.g. float16 row tables) takes the allocating path,
+        whose dtype promotion it must keep.
+        """
+        shape = weight.shape
+        if grad.shape != shape:
+            return None
+        for s in states:
+            if not isinstance(s, np.ndarray) or s.dtype != _f32 or s.shape != shape:
+                return None
+        return self._scratch.get(shape, k)
+
     def _clip_param(self):
         """The clip_gradient kernel argument (-1 = off; mxnet passes it only when truthy)."""
         return _op_f32(self.clip_gradient) if self.clip_gradient else _NO_CLIP
@@ -255,9 +301,25 @@ def _sgd_step_term(lr, rescale, clip, grad):
     return (lr * rescale) * grad
 
 
-def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
-    """sgd_update (SGDKernel / SGDDnsRspKernel)."""
-    weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
+def _sgd_step_term_into(out, lr, rescale, clip, grad):
+    """_sgd_step_term written into `out`, same operations in the same order."""
+    if clip >= 0:
+        np.multiply(rescale, grad, out=out)
+        np.clip(out, -clip, clip, out=out)
+        np.multiply(lr, out, out=out)
+    else:
+        np.multiply(lr * rescale, grad, out=out)
+    return out
+
+
+def _sgd_kernel(weight, grad, lr, wd, rescale, clip, buf=None):
+    """sgd_update (SGDKernel / SGDDnsRspKernel). `buf`: a float32 scratch array like weight."""
+    if buf is None:
+        weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
+        return
+    _sgd_step_term_into(buf, lr, rescale, clip, grad)
+    np.multiply(_ONE - lr * wd, weight, out=weight)
+    np.subtract(weight, buf, out=weight)
 
 
 class SGD(Optimizer):
@@ -277,10 +339,25 @@ class SGD(Optimizer):
         lr, wd = to_f32(lr), to_f32(wd)
         rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
         if not states and not multi:
-            _sgd_kernel(weight, grad, lr, wd, rescale, clip)
+            bufs = self._buffers(weight, grad, states, 1)
+            _sgd_kernel(weight, grad, lr, wd, rescale, clip, bufs[0] if bufs else None)
             return
         # SGDMomKernel / MultiSGDKernel: mom = m*mom - lr*wd*w - lr*g; w = w + mom
         momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
+        bufs = self._buffers(weight, grad, states, 1 if states else 2)
+        if bufs is not None:
+            t = bufs[0]
+            np.multiply(lr * wd, weight, out=t)
+            if states:
+                mom = states[0]
+                np.multiply(momentum, mom, out=mom)
+                np.subtract(mom, t, out=mom)
+                np.subtract(mom, _sgd_step_term_into(t, lr, rescale, clip, grad), out=mom)
+            else:
+                mom = np.subtract(_f32(0), t, out=t)
+                np.subtract(mom, _sgd_step_term_into(bufs[1], lr, rescale, clip, grad), out=mom)
+            np.add(weight, mom, out=weight)
+            return
         prev = momentum * states[0] if states else _f32(0)
         mom = prev - (lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
         if states:
@@ -352,6 +429,31 @@ class Adam(Optimizer):
         beta1, beta2 = _op_f32(self.beta1), _op_f32(self.beta2)
         eps, rescale, clip = _op_f32(self.epsilon), _op_f32(self.rescale_grad), self._clip_param()
         mean, var = states
+        bufs = self._buffers(weight, grad, states, 2)
+        if bufs is not None:
+            g, t = bufs
+            np.multiply(grad, rescale, out=g)
+            np.multiply(weight, wd, out=t)
+            np.add(g, t, out=g)
+            if clip >= 0:
+                np.clip(g, -clip, clip, out=g)
+            np.multiply(beta1, mean, out=mean)
+            np.multiply(_ONE - beta1, g, out=t)
+            np.add(mean, t, out=mean)
+            np.multiply(beta2, var, out=var)
+            if clip >= 0 and row_sparse:
+                np.multiply(g, g, out=t)
+                np.multiply(_ONE - beta2, t, out=t)
+            else:
+                np.multiply(_ONE - beta2, g, out=t)
+                np.multiply(t, g, out=t)
+            np.add(var, t, out=var)
+            np.multiply(lr, mean, out=g)
+            np.sqrt(var, out=t)
+            np.add(t, eps, out=t)
+            np.divide(g, t, out=g)
+            np.subtract(weight, g, out=weight)
+            return
         g = grad * rescale + weight * wd
         if clip >= 0:
             g = _clip(g, clip)
@@ -374,6 +476,33 @@ class AdaGrad(Optimizer):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         history = states[0]
+        bufs = self._buffers(weight, grad, states, 2)
+        if row_sparse and wd == 0 and bufs is not None:
+            g, t = bufs
+            np.multiply(grad, _op_f32(self.rescale_grad), out=g)
+            clip = self._clip_param()
+            if clip >= 0:
+                np.clip(g, -clip, clip, out=g)
+            np.add(history, np.multiply(g, g, out=t), out=history)
+            np.add(history, _op_f32(self.float_stable_eps), out=t)
+            np.sqrt(t, out=t)
+            np.divide(g, t, out=g)
+            np.multiply(g, _op_f32(lr), out=g)
+            np.subtract(weight, g, out=weight)
+            return
+        if bufs is not None:   # the dense NDArray-op path below, in place
+            g, t = bufs
+            np.multiply(grad, _scalar_f32(self.rescale_grad), out=g)
+            if self.clip_gradient is not None:
+                np.clip(g, _op_f32(-self.clip_gradient), _op_f32(self.clip_gradient), out=g)
+            np.add(history, np.multiply(g, g, out=t), out=history)
+            np.add(history, _scalar_f32(self.float_stable_eps), out=t)
+            np.sqrt(t, out=t)
+            np.divide(g, t, out=g)
+            np.add(g, np.multiply(weight, _scalar_f32(wd), out=t), out=g)
+            np.multiply(g, _scalar_f32(-lr), out=g)
+            np.add(weight, g, out=weight)
+            return
         if row_sparse and wd == 0:   # sparse adagrad_update kernel (it refuses wd != 0)
             g = grad * _op_f32(self.rescale_grad)
             clip = self._clip_param()
@@ -434,6 +563,37 @@ class Ftrl(Optimizer):
         lamda1, beta = _op_f32(self.lamda1), _op_f32(self.beta)
         rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
         z, n = states
+        bufs = self._buffers(weight, grad, states, 3)
+        if bufs is not None:
+            g, t, u = bufs
+            np.multiply(grad, rescale, out=g)
+            if clip >= 0:
+                np.clip(g, -clip, clip, out=g)
+            # z += g - ((sqrt(n + g*g) - sqrt(n)) * w) / lr
+            np.multiply(g, g, out=t)
+            np.add(n, t, out=t)
+            np.sqrt(t, out=t)
+            np.subtract(t, np.sqrt(n, out=u), out=t)
+            np.multiply(t, weight, out=t)
+            np.divide(t, lr, out=t)
+            np.subtract(g, t, out=t)
+            np.add(z, t, out=z)
+            # n += g*g
+            np.add(n, np.multiply(g, g, out=t), out=n)
+            # w = (sign(z)*lamda1 - z) / ((beta + sqrt(n))/lr + wd) * (|z| > lamda1)
+            np.greater(z, 0, out=g)
+            np.subtract(g, np.less(z, 0, out=t), out=g)
+            np.multiply(g, lamda1, out=g)
+            np.subtract(g, z, out=g)
+            np.sqrt(n, out=t)
+            np.add(beta, t, out=t)
+            np.divide(t, lr, out=t)
+            np.add(t, wd, out=t)
+            np.divide(g, t, out=g)
+            np.abs(z, out=t)
+            np.greater(t, lamda1, out=t)
+            np.multiply(g, t, out=weight)
+            return
         g = grad * rescale
         if clip >= 0:
             g = _clip(g, clip)
