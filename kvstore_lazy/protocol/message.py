@@ -51,10 +51,15 @@ class Message:
         """Parse ``[identity, meta, data...]`` as a ROUTER receives it."""
         if len(frames) < 2:
             raise ProtocolError(f"a message needs an identity and a meta frame, got {len(frames)} frame(s)")
-        sender = parse_identity(bytes(frames[0]))
-        meta = decode_meta(bytes(frames[1]))
-        return cls(meta=meta, data=[memoryview(f) if not isinstance(f, bytes) else f for f in frames[2:]],
-                   sender=sender)
+        identity = frames[0]
+        sender = parse_identity(identity if type(identity) is bytes else bytes(identity))
+        meta = decode_meta(frames[1])  # decode_meta takes any buffer, as bytes(frames[1]) did
+        data = frames[2:]
+        if data:
+            data = [f if isinstance(f, bytes) else memoryview(f) for f in data]
+        else:
+            data = []
+        return cls(meta=meta, data=data, sender=sender)
 
 
 @dataclass

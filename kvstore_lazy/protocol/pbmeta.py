@@ -262,8 +262,8 @@ def decode_control(buf: bytes) -> Control:
     return control
 
 
-def encode_meta(meta: Meta) -> bytes:
-    """Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
+def _encode_meta_slow(meta: Meta) -> bytes:
+    """Reference encoder. Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
     parts = [_field_int(1, meta.head)]
     if meta.body:
         parts.append(_field_bytes(2, meta.body))
@@ -284,8 +284,8 @@ def encode_meta(meta: Meta) -> bytes:
     return b"".join(parts)
 
 
-def decode_meta(buf: bytes) -> Meta:
-    """Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
+def _decode_meta_slow(buf: bytes) -> Meta:
+    """Reference decoder. Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
     meta = Meta(head=0, customer_id=0)
     control_parts: list[bytes] = []
     for number, wire, value in _fields(bytes(buf)):
@@ -326,4 +326,166 @@ def decode_meta(buf: bytes) -> Meta:
     if control_parts:
         # protobuf merges repeated occurrences of a message field, which is the same as parsing their concatenation
         meta.control = decode_control(b"".join(control_parts))
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fast paths
+#
+# encode_meta/decode_meta are on the server's per-message path, so they have fast paths for the shapes ps-lite sends
+# (one-byte tags, small varints, no unknown fields). Anything else falls back to the reference implementations above,
+# which define the behaviour: the fast paths either produce exactly their result or hand over to them.
+
+_VARINTS = tuple(_varint(i) for i in range(1 << 14))  # encodings of 0 .. 16383 (one or two bytes)
+_FALSE, _TRUE = b"\x00", b"\x01"
+
+_new = object.__new__
+
+
+def encode_meta(meta: Meta) -> bytes:
+    """Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
+    try:
+        V = _VARINTS
+        head = meta.head
+        parts = [b"\x08", V[head] if 0 <= head < 16384 else _varint(int(head))]
+        body = meta.body
+        if body:
+            return _encode_meta_slow(meta)
+        control = meta.control
+        if control.cmd != CMD_EMPTY:
+            parts.append(_field_bytes(3, encode_control(control)))
+        x = meta.request
+        parts.append(b"\x20\x01" if x is True else b"\x20\x00" if x is False else _field_int(4, x))
+        x = meta.push
+        parts.append(b"\x28\x01" if x is True else b"\x28\x00" if x is False else _field_int(5, x))
+        x = meta.simple_app
+        parts.append(b"\x30\x01" if x is True else b"\x30\x00" if x is False else _field_int(6, x))
+        x = meta.app_id
+        if x != EMPTY:
+            parts.append(b"\x38")
+            parts.append(V[x] if 0 <= x < 16384 else _varint(int(x)))
+        x = meta.timestamp
+        if x != EMPTY:
+            parts.append(b"\x40")
+            parts.append(V[x] if 0 <= x < 16384 else _varint(int(x)))
+        x = meta.data_type
+        if x:
+            packed = b"".join([V[t] if 0 <= t < 16384 else _varint(t) for t in x])
+            parts.append(b"\x4a")
+            parts.append(V[len(packed)] if len(packed) < 16384 else _varint(len(packed)))
+            parts.append(packed)
+        x = meta.customer_id
+        parts.append(b"\x50")
+        parts.append(V[x] if 0 <= x < 16384 else _varint(int(x)))
+        x = meta.data_size
+        if x:
+            parts.append(b"\x58")
+            parts.append(V[x] if 0 <= x < 16384 else _varint(int(x)))
+        x = meta.pull
+        parts.append(b"\x60\x01" if x is True else b"\x60\x00" if x is False else _field_int(12, x))
+        x = meta.priority
+        parts.append(b"\x68")
+        parts.append(V[x] if 0 <= x < 16384 else _varint(int(x)))
+        return b"".join(parts)
+    except Exception:  # an unusual value (float, numpy bool, ...): let the reference encoder decide
+        return _encode_meta_slow(meta)
+
+
+_META_NAMES = {1: "head", 4: "request", 5: "push", 6: "simple_app", 7: "app_id", 8: "timestamp", 10: "customer_id",
+               11: "data_size", 12: "pull", 13: "priority"}
+_BOOL_FIELDS = (4, 5, 6, 12)
+_SMALL_INTS = tuple(range(0x80))
+_SMALL_BOOLS = (False,) + (True,) * 0x7F
+# one-byte key (field number << 3 | wire type) of a scalar PBMeta varint field -> (attribute name, its decoded value
+# for each one-byte varint 0..127); None for every other byte (LEN fields, data_type, wrong wire types, unknown
+# fields, the first byte of a multi-byte key)
+_VARINT_ENTRY = tuple(
+    (_META_NAMES[key >> 3], _SMALL_BOOLS if key >> 3 in _BOOL_FIELDS else _SMALL_INTS)
+    if key < 0x80 and key & 7 == _VARINT and key >> 3 in _META_NAMES else None for key in range(256))
+_META_DEFAULTS = {"head": 0, "body": b"", "control": None, "request": False, "push": False, "pull": False,
+                  "simple_app": False, "app_id": EMPTY, "timestamp": EMPTY, "data_type": None, "customer_id": 0,
+                  "data_size": 0, "priority": 0}
+assert list(_META_DEFAULTS) == [f.name for f in dataclasses.fields(Meta)]
+
+
+def _decode_meta_fast(buf: bytes):
+    """The Meta of `buf`, or None if it is not in the common shape (then _decode_meta_slow decides)."""
+    entries = _VARINT_ENTRY
+    values = _META_DEFAULTS.copy()
+    values["data_type"] = data_type = []
+    control_parts = None
+    end = len(buf)
+    pos = 0
+    while pos < end:
+        key = buf[pos]
+        entry = entries[key]
+        if entry is not None:
+            value = buf[pos + 1]
+            if value < 0x80:
+                pos += 2
+                values[entry[0]] = entry[1][value]
+            elif buf[pos + 2] < 0x80:  # two-byte varint (< 16384): int32 unchanged
+                value = (value & 0x7F) | buf[pos + 2] << 7
+                pos += 3
+                values[entry[0]] = bool(value) if entry[1] is _SMALL_BOOLS else value
+            else:
+                value, pos = _read_varint(buf, pos + 1)
+                values[entry[0]] = bool(value) if entry[1] is _SMALL_BOOLS else _int32(value)
+        elif key == 0x4A:  # packed data_type
+            size = buf[pos + 1]
+            if size >= 0x80:
+                return None
+            pos += 2
+            stop = pos + size
+            if stop > end:
+                return None
+            while pos < stop:
+                item = buf[pos]
+                if item >= 0x80:
+                    item, pos = _read_varint(buf, pos)
+                    if pos > stop:
+                        return None
+                    data_type.append(_int32(item))
+                else:
+                    pos += 1
+                    data_type.append(item)
+        elif key == 0x1A or key == 0x12:  # control, body
+            size = buf[pos + 1]
+            if size < 0x80:
+                pos += 2
+            else:
+                size, pos = _read_varint(buf, pos + 1)
+            stop = pos + size
+            if stop > end:
+                return None
+            if key == 0x12:
+                values["body"] = buf[pos:stop]
+            elif control_parts is None:
+                control_parts = [buf[pos:stop]]
+            else:
+                control_parts.append(buf[pos:stop])
+            pos = stop
+        else:
+            return None
+    if control_parts is None:
+        control = _new(Control)
+        control.__dict__ = {"cmd": CMD_EMPTY, "nodes": [], "barrier_group": 0, "msg_sig": 0}
+        values["control"] = control
+    else:
+        values["control"] = decode_control(control_parts[0] if len(control_parts) == 1 else b"".join(control_parts))
+    meta = _new(Meta)
+    meta.__dict__ = values
+    return meta
+
+
+def decode_meta(buf: bytes) -> Meta:
+    """Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    try:
+        meta = _decode_meta_fast(buf)
+    except (ProtocolError, IndexError):  # malformed: let the reference decoder report it
+        meta = None
+    if meta is None:
+        return _decode_meta_slow(buf)
     return meta
