@@ -4,11 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-integration demo bench bench-quick patch unpatch clean
+.PHONY: venv system-deps test-cluster test test-unit test-integration demo bench bench-quick patch unpatch clean
 
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
+	@command -v ss >/dev/null || $(MAKE) system-deps
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -18,7 +19,15 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
+
+# Jobs across network-namespace hosts (scripts/netns_cluster.sh) and the fault scenarios; needs root and iproute2.
+test-cluster: venv system-deps
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/test_cluster.py
+
+system-deps:
+	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux; }
 
 test-unit: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests

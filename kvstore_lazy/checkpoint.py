@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 FORMAT = 1
+TAGGED_DIR = "tagged"   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
 
 
 class SnapshotError(ValueError):
@@ -126,3 +127,25 @@ def read_snapshot_key(directory: str | os.PathLike, rank: int, key: int, expecte
     if any(s.shape != weights.shape for s in states):
         raise SnapshotError(f"{path}: optimizer state shapes differ from the weights")
     return {"row_ids": row_ids, "weights": weights, "states": states}
+
+
+def read_tags(directory: str | os.PathLike) -> dict[int, object]:
+    """rank -> tag of the tagged snapshots in `directory` (what a restarted job's workers resume from)."""
+    tags = {}
+    for path in sorted((Path(directory) / TAGGED_DIR).glob("rank*/manifest.json")):
+        manifest = json.loads(path.read_text())
+        tags[int(manifest["rank"])] = manifest.get("server", {}).get("tag")
+    return tags
+
+
+def common_tag(directory: str | os.PathLike, num_servers: int):
+    """The tag every server's tagged snapshot carries, or None if there are none; SnapshotError if they differ
+    (a job killed while its servers were writing them) or some server has none."""
+    tags = read_tags(directory)
+    if not tags:
+        return None
+    values = {json.dumps(tags.get(rank), sort_keys=True) for rank in range(num_servers)}
+    if len(values) != 1 or set(tags) != set(range(num_servers)):
+        raise SnapshotError(f"the tagged snapshots in {directory} do not agree: {tags} (for {num_servers} servers); "
+                            f"resume from an older checkpoint")
+    return tags[0]

@@ -1,29 +1,68 @@
 """The server process: wires the ZeroMQ transport, the membership messages and the KVServer together.
 
 Owns: the configuration read from the DMLC_* environment (as a stock server reads it), the one receive loop (one
-thread owns every socket), timers (heartbeat, stats log), and the exact start/stop sequence stock workers and the
-stock scheduler need:
+thread owns every socket), timers (heartbeat, stats log, snapshots, resends), and the exact start/stop sequence stock
+workers and the stock scheduler need:
 ADD_NODE -> reconnect with identity -> BARRIER(7) -> serve -> kStopServer answered -> BARRIER(7) -> close.
+
+Durability and recovery (KVSTORE_LAZY_SNAPSHOT_DIR, KVSTORE_LAZY_JOURNAL, KVSTORE_LAZY_RECOVERY):
+- Snapshots (``checkpoint``) hold the applied state. The periodic one (KVSTORE_LAZY_SNAPSHOT_INTERVAL) is taken at
+  the first moment no dist_sync round is half-way (nothing merged and unanswered), so it is exactly "the state after
+  the rounds so far". A LAZY_SNAPSHOT command with a body (a tag, e.g. ``{"step": 40}``) writes ``tagged/rank<r>``
+  before it is answered: a whole job restarted later resumes from it (see ``ResumeGate``).
+- The journal (``journal``) has every request received since the last snapshot, written before the request is
+  ACKed or handled, and which of our replies the peers ACKed (PS_RESEND).
+- A server restarted with KVSTORE_LAZY_RECOVERY=1 *rejoins* its job: it binds the address it had (its
+  ``node.rank<r>.json``), restores the snapshot, replays the journal (the same requests in the same order give the
+  same state, half-done rounds included), re-sends the replies its peers never ACKed, and serves on. It does not
+  register again: to the workers and the scheduler, whose ZeroMQ sockets reconnect to the same address on their
+  own, it looks like a connection that dropped for a moment. Requests that died with the old process (in its
+  socket buffers, never ACKed) are re-sent by the workers' PS_RESEND, and duplicates are recognised by signature.
+  So no request a worker sent is lost, acknowledged or not, provided every node runs with PS_RESEND=1 and the
+  server is back within 10 x PS_RESEND_TIMEOUT (ps-lite aborts a node after 10 unanswered resends).
+- KVSTORE_LAZY_RECOVERY=register tries stock ps-lite's own recovery instead (ADD_NODE with is_recovery, resent
+  until the scheduler's PS_HEARTBEAT_TIMEOUT has declared the old node dead; no startup barrier). It is kept for
+  experiments only. Measured with the stock scheduler of mxnet 1.9.1: with PS_RESEND the scheduler aborts as soon as
+  the node registers (it ACKs the anonymous registration to node kEmpty: zmq_van.h "Check failed: id !=
+  Meta::kEmpty"); without PS_RESEND the node is accepted but requests that died with the old process are never
+  re-sent and the job hangs. The scheduler also keeps its list of recovered nodes forever, so a second recovery
+  would fail its CHECK_EQ(size, 1).
+
+Stock ps-lite races under PS_RESEND that this server works around (see start and stop): the scheduler creates its
+resender up to 100 ms after answering the registrations, so BARRIER requests that arrive first are counted, never
+ACKed, resent and counted again; the extra counts release the final barrier before every node asked.
 """
 from __future__ import annotations
 
+import collections
 import fcntl
+import json
 import logging
 import os
+import secrets
 import socket
 import struct
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import membership
-from .protocol import ProtocolError
-from .protocol.message import Message, identity_of
-from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE
 from . import checkpoint
-from .server.core import KVServer, node_name, restore_state, snapshot_state
+from . import journal as journal_mod
+from .protocol import ProtocolError
+from .protocol import mxnet as mx
+from .protocol.message import Message, decode_kv, identity_of
+from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, Meta
+from .server.core import KVServer, Request, node_name, restore_state, snapshot_state
 from .transport.zmq_van import ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
+
+TAGGED_DIR = checkpoint.TAGGED_DIR   # <snapshot dir>/tagged/rank<r>: the last snapshot a worker asked for (its tag)
+SEEN_KEEP = 200_000             # signatures of received requests remembered for duplicate detection (PS_RESEND)
+SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
+RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
+FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
 
 
 class StartupError(RuntimeError):
@@ -81,6 +120,25 @@ def _env_int(env, name: str, default: int | None = None) -> int:
         raise StartupError(f"{name}={value!r} is not an integer") from None
 
 
+def _flag(env, name: str) -> bool:
+    """One of kvstore_lazy's own on/off variables."""
+    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _atoi_flag(env, name: str) -> bool:
+    """A ps-lite variable read as ps-lite does: atoi(value) != 0 (so "true" is off, as for stock nodes)."""
+    digits = ""
+    for i, ch in enumerate(env.get(name, "").strip()):
+        if ch.isdigit() or (i == 0 and ch in "+-"):
+            digits += ch
+        else:
+            break
+    try:
+        return int(digits) != 0
+    except ValueError:
+        return False
+
+
 @dataclass
 class Config:
     root_uri: str
@@ -92,13 +150,20 @@ class Config:
     local: bool = False
     heartbeat_interval: float = 0.0
     resend: bool = False
+    resend_timeout: float = 1.0
     water_mark: int = 0
     verbose: int = 0
     materialize: str = "touch"
     stats_interval: float = 60.0
     is_recovery: bool = False
+    recovery: str = ""              # "" (a fresh start), "rejoin" or "register"
+    recover_rank: int = -1
     snapshot_dir: str = ""
     snapshot_interval: float = 0.0
+    journal: bool = False
+    journal_fsync: bool = False
+    journal_max_bytes: int = 256 << 20
+    resume: str = "auto"            # what a fresh start loads from snapshot_dir: auto | tagged | latest | none
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -109,24 +174,165 @@ class Config:
         root_uri = env.get("DMLC_PS_ROOT_URI", "")
         if not root_uri:
             raise StartupError("DMLC_PS_ROOT_URI is not set")
-        return cls(
+        recovery = env.get("KVSTORE_LAZY_RECOVERY", "0").strip().lower()
+        recovery = {"": "", "0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register"}.get(recovery)
+        if recovery is None:
+            raise StartupError(f"KVSTORE_LAZY_RECOVERY={env.get('KVSTORE_LAZY_RECOVERY')!r}: use 1 (rejoin), "
+                               f"register or 0")
+        resume = env.get("KVSTORE_LAZY_RESUME", "auto").strip().lower() or "auto"
+        if resume not in ("auto", "tagged", "latest", "none"):
+            raise StartupError(f"KVSTORE_LAZY_RESUME={resume!r}: use auto, tagged, latest or none")
+        config = cls(
             root_uri=root_uri,
             root_port=_env_int(env, "DMLC_PS_ROOT_PORT"),
             num_workers=_env_int(env, "DMLC_NUM_WORKER"),
             num_servers=_env_int(env, "DMLC_NUM_SERVER"),
             host=default_host() if env is os.environ else (env.get("DMLC_NODE_HOST") or default_host()),
             port=_env_int(env, "PORT", 0),
-            local=env.get("DMLC_LOCAL", "0") not in ("", "0"),
+            local=_atoi_flag(env, "DMLC_LOCAL"),
             heartbeat_interval=float(env.get("PS_HEARTBEAT_INTERVAL", "0") or 0),
-            resend=env.get("PS_RESEND", "0") not in ("", "0"),
+            resend=_atoi_flag(env, "PS_RESEND"),
+            resend_timeout=_env_int(env, "PS_RESEND_TIMEOUT", 1000) / 1000.0,
             water_mark=_env_int(env, "DMLC_PS_WATER_MARK", 0),
             verbose=_env_int(env, "PS_VERBOSE", 0),
             materialize=env.get("KVSTORE_LAZY_MATERIALIZE", "touch"),
             stats_interval=float(env.get("KVSTORE_LAZY_STATS_INTERVAL", "60") or 60),
-            is_recovery=env.get("KVSTORE_LAZY_RECOVERY", "0") not in ("", "0"),
+            is_recovery=bool(recovery),
+            recovery=recovery,
+            recover_rank=_env_int(env, "KVSTORE_LAZY_RECOVER_RANK", -1),
             snapshot_dir=env.get("KVSTORE_LAZY_SNAPSHOT_DIR", ""),
             snapshot_interval=float(env.get("KVSTORE_LAZY_SNAPSHOT_INTERVAL", "0") or 0),
+            journal=_flag(env, "KVSTORE_LAZY_JOURNAL"),
+            journal_fsync=_flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
+            journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
+            resume=resume,
         )
+        if (config.journal or config.recovery) and not config.snapshot_dir:
+            raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
+        if config.recovery and not config.journal:
+            raise StartupError("KVSTORE_LAZY_RECOVERY needs KVSTORE_LAZY_JOURNAL=1 (the journal is what a restarted "
+                               "server replays); restart the whole job from a snapshot instead")
+        return config
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# membership records: what a rejoining server needs to know about the job it was in
+
+
+def membership_path(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"node.rank{rank}.json"
+
+
+def find_membership(directory: str | os.PathLike, host: str, port: int, rank: int = -1) -> dict:
+    """The record of the server that ran at host:port (its requested or bound port), or of `rank`."""
+    records = []
+    for path in sorted(Path(directory).glob("node.rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("ignoring %s: %s", path, exc)
+    if rank >= 0:
+        found = [r for r in records if r.get("rank") == rank]
+    else:
+        found = [r for r in records if r.get("host") == host and port and port in (r.get("port"),
+                                                                                     r.get("requested_port"))]
+    if len(found) != 1:
+        known = ", ".join(f"rank {r.get('rank')} at {r.get('host')}:{r.get('port')}" for r in records) or "none"
+        want = f"rank {rank}" if rank >= 0 else f"{host}:{port}"
+        raise StartupError(f"cannot rejoin as {want}: {len(found)} matching records in {directory} (known: {known}). "
+                           f"Restart the server with the DMLC_NODE_HOST and PORT it had, or set "
+                           f"KVSTORE_LAZY_RECOVER_RANK")
+    return found[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Outbox:
+    """Our messages that PS_RESEND peers have not ACKed yet, resent every `timeout` seconds (ps-lite's Resender,
+    without its abort after 10 tries: a server keeps trying and says so in the log)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.pending: dict[int, list] = {}     # signature -> [recver, message, first sent, last sent, tries]
+
+    def track(self, signature: int, recver: int, message: Message, now: float) -> None:
+        self.pending.setdefault(signature, [recver, message, now, now, 0])
+
+    def ack(self, signature: int) -> bool:
+        return self.pending.pop(signature, None) is not None
+
+    def due(self, now: float) -> list[list]:
+        out = []
+        for entry in self.pending.values():
+            if now - entry[3] >= self.timeout:
+                entry[3] = now
+                entry[4] += 1
+                out.append(entry)
+        return out
+
+    def frames(self) -> list[tuple[int, list[bytes]]]:
+        return [(recver, [bytes(f) for f in message.to_frames()]) for recver, message, *_ in self.pending.values()]
+
+
+class ResumeGate:
+    """A server that a *fresh* job started from a snapshot keeps what it restored:
+
+    - the first push of each restored key from worker rank 0 is that worker's ``kv.init`` (MXNet's workers must init
+      every key, and only rank 0 pushes the value): it is answered and dropped, so the restored rows, values and
+      optimizer states stay (Gluon's ``broadcast`` then pulls the restored dense values into the workers);
+    - until training pushes begin, a kController carrying the optimizer the snapshot has (every worker sends it in
+      ``set_optimizer``) is answered and dropped, so optimizer states and update counts stay. Another optimizer is
+      applied as usual (which, as on a stock server, starts fresh states).
+    """
+
+    def __init__(self, keys, optimizer_body: bytes | None, optimizer_skip: bool = True) -> None:
+        self.keys = set(int(k) for k in keys)
+        self.optimizer_body = optimizer_body
+        self.optimizer_skip = optimizer_skip and optimizer_body is not None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.keys) or self.optimizer_skip
+
+    def state(self) -> dict:
+        return {"await_init": sorted(self.keys), "optimizer_skip": self.optimizer_skip}
+
+    @classmethod
+    def from_state(cls, state: dict, optimizer_body: bytes | None) -> "ResumeGate":
+        return cls(state.get("await_init", []), optimizer_body, bool(state.get("optimizer_skip")))
+
+    def intercept(self, server: KVServer, msg: Message) -> list | None:
+        meta = msg.meta
+        if meta.simple_app:
+            if self.optimizer_skip and meta.head == mx.CONTROLLER and bytes(meta.body) == self.optimizer_body:
+                log.info("resume: %s sent the optimizer this server restored; keeping its states and counts",
+                         node_name(msg.sender))
+                reply = Meta(head=meta.head, timestamp=meta.timestamp, request=False, simple_app=True, app_id=0,
+                             customer_id=meta.customer_id)
+                return [(msg.sender, Message(reply))]
+            return None
+        if not meta.push:
+            return None
+        key = self._key_of(server, msg)
+        if key is not None and key in self.keys and msg.sender == membership.worker_id(0):
+            self.keys.discard(key)
+            log.info("resume: key %d restored from the snapshot; its kv.init push from worker 0 is dropped", key)
+            return [KVServer._reply(Request(msg.sender, meta))]
+        self.optimizer_skip = False
+        return None
+
+    @staticmethod
+    def _key_of(server: KVServer, msg: Message) -> int | None:
+        try:
+            kv = decode_kv(msg.data)
+            command = mx.decode_command(msg.meta.head)
+        except ProtocolError:
+            return None
+        i = 1 if command.request_type == mx.COMPRESSED else 0
+        if len(kv.keys) <= i or not server.key_begin <= int(kv.keys[i]) < server.key_end:
+            return None
+        return int(kv.keys[i]) - server.key_begin
 
 
 class ServerNode:
@@ -140,56 +346,147 @@ class ServerNode:
         self.server: KVServer | None = None
         self.timestamp = 0          # the van's own counter for control messages
         self._barrier_released = False
-        self._seen_signatures: set[int] = set()
+        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._next_heartbeat = float("inf")
         self._next_stats = float("inf")
         self._next_snapshot = float("inf")
+        self._snapshot_due = False
+        self._snapshot_seq = -1          # journal seq the last snapshot includes
+        self._next_resend_check = float("inf")
+        self.outbox = Outbox(config.resend_timeout)
+        self.journal: journal_mod.Journal | None = None
+        self.gate: ResumeGate | None = None
+        self._replaying = False
+        self._peers: list[membership.Peer] = []
 
     # ------------------------------------------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
-            self.start()
+            if self.config.recovery == "rejoin":
+                self.rejoin()
+            else:
+                self.start()
             self.serve()
             self.stop()
         finally:
+            if self.journal is not None:
+                self.journal.close()
             self.van.close()
         return 0
 
     def start(self, timeout: float = 600.0) -> None:
         cfg = self.config
         self.port = self.van.bind(cfg.host, cfg.port)
-        log.info("listening on %s:%d; registering with the scheduler at %s:%d", cfg.host, self.port,
-                 cfg.root_uri, cfg.root_port)
+        log.info("listening on %s:%d; registering with the scheduler at %s:%d%s", cfg.host, self.port,
+                 cfg.root_uri, cfg.root_port, " as a recovered node" if cfg.recovery == "register" else "")
+        if cfg.recovery == "register":
+            self.timestamp = _rejoin_timestamp()
         # The first socket to the scheduler has no identity: that is how it recognises a new registration.
         self.van.connect(membership.SCHEDULER_ID, cfg.root_uri, cfg.root_port, identity=None)
-        self._send_control(membership.SCHEDULER_ID,
-                           membership.add_node_request(cfg.host, self.port, self._tick(), cfg.is_recovery))
+        request = membership.add_node_request(cfg.host, self.port, self._tick(), cfg.recovery == "register")
+        self._send_control(membership.SCHEDULER_ID, request)
         deadline = time.monotonic() + timeout
+        retry_every = 5.0 if cfg.recovery == "register" else float("inf")
+        next_retry = time.monotonic() + retry_every
         reply = None
         while reply is None:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise StartupError(f"no reply to ADD_NODE from the scheduler at {cfg.root_uri}:{cfg.root_port}")
+            if now > next_retry:
+                # a stock scheduler ignores a recovering node until its heartbeat timeout declared the old one dead
+                self._send_control(membership.SCHEDULER_ID, request)
+                next_retry = now + retry_every
             msg = self._recv(1000)
             if msg is not None and msg.meta.control.cmd == ADD_NODE:
                 reply = msg
         self.my_id, peers = membership.find_self(reply.meta, cfg.host, self.port)
+        recovered = any(n.id == self.my_id and n.is_recovery for n in reply.meta.control.nodes)
         rank = membership.id_to_rank(self.my_id)
-        global _node_label
-        _node_label = f"server {rank}"
+        _set_label(rank)
         for peer in peers:
             self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
+        self._peers = peers
         self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
-        log.info("registered as server rank %d (node %d) of %d servers, %d workers", rank, self.my_id,
-                 cfg.num_servers, cfg.num_workers)
-        if cfg.heartbeat_interval > 0:
-            self._next_heartbeat = time.monotonic() + cfg.heartbeat_interval
-        self._next_stats = time.monotonic() + cfg.stats_interval
+        log.info("registered as server rank %d (node %d) of %d servers, %d workers%s", rank, self.my_id,
+                 cfg.num_servers, cfg.num_workers, " (recovered node)" if recovered else "")
+        self._start_timers()
         if cfg.snapshot_dir:
-            self.load_snapshot()
-            if cfg.snapshot_interval > 0:
-                self._next_snapshot = time.monotonic() + cfg.snapshot_interval
+            self._write_membership()
+            if cfg.recovery == "register":
+                self._restore_and_replay()
+            else:
+                self.load_snapshot()
+                if cfg.journal:
+                    self._new_journal_epoch()
+        if recovered:
+            # MXNet's servers and workers skip the startup barrier when ps-lite says is_recovery: the others are
+            # long past it.
+            log.info("recovered node: skipping the startup barrier")
+            return
+        if cfg.resend:
+            # Stock ps-lite creates the scheduler's resender up to 100 ms after it has answered the registrations;
+            # a BARRIER arriving before that is counted but never ACKed, so its sender resends it and the scheduler
+            # counts it again (the extra count later releases the final barrier early). Ask a little later.
+            self._pump_for(RESEND_STARTUP_DELAY)
         self.barrier(membership.ALL_GROUP)
+
+    def rejoin(self) -> None:
+        """KVSTORE_LAZY_RECOVERY=1: take over from a dead server of this job at the address it had (see the module
+        docstring)."""
+        cfg = self.config
+        started = time.monotonic()
+        record = find_membership(cfg.snapshot_dir, cfg.host, cfg.port, cfg.recover_rank)
+        for name, mine in (("root_uri", cfg.root_uri), ("root_port", cfg.root_port),
+                           ("num_servers", cfg.num_servers), ("num_workers", cfg.num_workers)):
+            if record.get(name) != mine:
+                raise StartupError(f"cannot rejoin: the record {membership_path(cfg.snapshot_dir, record['rank'])} "
+                                   f"has {name}={record.get(name)!r}, this process {mine!r} (another job?)")
+        self.my_id, rank = int(record["id"]), int(record["rank"])
+        _set_label(rank)
+        self.timestamp = _rejoin_timestamp()
+        self.port = self._bind_again(record["host"], int(record["port"]))
+        log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
+        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
+        self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
+        self._restore_and_replay(started=started)
+        self._start_timers()
+        self._write_membership()
+
+    def _bind_again(self, host: str, port: int, wait: float = 15.0) -> int:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return self.van.bind(host, port, max_retry=0)
+            except OSError as exc:
+                if self.van.receiver is not None:
+                    self.van.receiver.close(linger=0)
+                    self.van.receiver = None
+                if time.monotonic() > deadline:
+                    raise StartupError(f"cannot rejoin: {host}:{port} stays busy ({exc}); is the old server still "
+                                       f"running?") from None
+                time.sleep(0.2)
+
+    def _start_timers(self) -> None:
+        now = time.monotonic()
+        if self.config.heartbeat_interval > 0:
+            self._next_heartbeat = now + self.config.heartbeat_interval
+        self._next_stats = now + self.config.stats_interval
+        if self.config.snapshot_dir and self.config.snapshot_interval > 0:
+            self._next_snapshot = now + self.config.snapshot_interval
+        if self.config.resend:
+            self._next_resend_check = now + self.config.resend_timeout
+
+    def _write_membership(self) -> None:
+        assert self.server is not None and self.my_id is not None
+        cfg = self.config
+        record = {"rank": self.server.rank, "id": self.my_id, "host": cfg.host, "port": self.port,
+                  "requested_port": cfg.port, "root_uri": cfg.root_uri, "root_port": cfg.root_port,
+                  "num_servers": cfg.num_servers, "num_workers": cfg.num_workers, "pid": os.getpid(),
+                  "peers": [[p.node_id, p.role, p.hostname, p.port] for p in self._peers]}
+        checkpoint.atomic_write(membership_path(cfg.snapshot_dir, self.server.rank),
+                                lambda fh: fh.write(json.dumps(record, indent=1)), mode="w")
 
     def serve(self) -> None:
         assert self.server is not None
@@ -202,41 +499,182 @@ class ServerNode:
         if self.config.snapshot_dir:
             self.save_snapshot()
 
+    # ------------------------------------------------------------------------------------------------------------
+    # snapshots
+
+    def quiescent(self) -> bool:
+        """No dist_sync round is half-way: every push received so far is applied and answered."""
+        s = self.server
+        return s is not None and all(not e.requests for e in s.dense.values()) \
+            and all(not e.requests for e in s.sparse.values())
+
     def save_snapshot(self) -> None:
+        """The state now into <dir>/rank<r> (and, with the journal, a fresh journal continuing from it). Call it only
+        when quiescent if the journal is on: pending round merges are not in a snapshot."""
         assert self.server is not None
         started = time.monotonic()
         meta, tables = snapshot_state(self.server)
+        new_journal = None
+        if self.journal is not None:
+            pending = self.outbox.frames()
+            seen = list(self._seen)[-SEEN_IN_JOURNAL:]
+            new_journal = journal_mod.Journal.create(
+                journal_mod.journal_path(self.config.snapshot_dir, self.server.rank, self.journal.epoch,
+                                         self.journal.seq),
+                self.journal.epoch, self.journal.seq, seen, pending, fsync=self.config.journal_fsync)
+            meta["journal"] = {"epoch": self.journal.epoch, "seq": self.journal.seq}
+            self._snapshot_seq = self.journal.seq
+        if self.gate is not None and self.gate.active:
+            meta["resume_gate"] = self.gate.state()
         path = checkpoint.write_snapshot(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
                                          tables, meta)
+        if new_journal is not None:
+            self.journal.close()
+            self.journal = new_journal
+            journal_mod.remove_others(self.config.snapshot_dir, self.server.rank, new_journal.path)
         rows = sum(len(t["row_ids"]) for k, t in tables.items() if t["meta"]["kind"] == "row_sparse")
         log.info("snapshot written to %s: %d keys, %d rows, %.3fs", path, len(tables), rows,
                  time.monotonic() - started)
 
-    def load_snapshot(self) -> None:
+    def save_tagged(self, tag) -> None:
+        """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
         assert self.server is not None
-        directory, rank = self.config.snapshot_dir, self.server.rank
-        manifest = checkpoint.read_manifest(directory, rank)
-        if manifest is None:
-            log.info("no snapshot for rank %d in %s; starting empty", rank, directory)
+        started = time.monotonic()
+        meta, tables = snapshot_state(self.server)
+        meta["tag"] = tag
+        meta["quiescent"] = self.quiescent()
+        path = checkpoint.write_snapshot(Path(self.config.snapshot_dir) / TAGGED_DIR, self.server.rank,
+                                         self.server.num_servers, tables, meta)
+        log.info("tagged snapshot %s written to %s in %.3fs%s", json.dumps(tag), path, time.monotonic() - started,
+                 "" if meta["quiescent"] else " (WARNING: a dist_sync round was half-way; its pushes are not in it)")
+
+    def load_snapshot(self) -> None:
+        """A fresh start: restore <dir>/tagged/rank<r> or <dir>/rank<r> (KVSTORE_LAZY_RESUME) and keep it against the
+        new job's kv.init pushes and identical optimizer (ResumeGate)."""
+        assert self.server is not None
+        base, rank = Path(self.config.snapshot_dir), self.server.rank
+        choice = self.config.resume
+        candidates = {"auto": [base / TAGGED_DIR, base], "tagged": [base / TAGGED_DIR], "latest": [base],
+                      "none": []}[choice]
+        for directory in candidates:
+            manifest = checkpoint.read_manifest(directory, rank)
+            if manifest is not None:
+                break
+        else:
+            log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base, choice)
             return
+        self._restore(directory, manifest)
+        server_meta = manifest.get("server", {})
+        self.gate = ResumeGate(list(self.server.dense) + list(self.server.sparse), self.server.optimizer_body)
+        log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
+                 rank, directory, f" (tag {json.dumps(server_meta.get('tag'))})" if "tag" in server_meta else "",
+                 len(manifest["keys"]))
+
+    def _restore(self, directory: Path, manifest: dict) -> None:
+        assert self.server is not None
+        rank = self.server.rank
         if manifest.get("num_servers") != self.server.num_servers:
             raise StartupError(f"snapshot in {directory} was written by {manifest.get('num_servers')} servers, "
                                f"this job has {self.server.num_servers}; restore through a worker checkpoint")
         tables = {int(k): dict(checkpoint.read_snapshot_key(directory, rank, int(k), info), meta=info)
                   for k, info in manifest["keys"].items()}
         restore_state(self.server, manifest.get("server", {}), tables)
-        log.info("restored snapshot of rank %d from %s: %d keys", rank, directory, len(tables))
+
+    def _new_journal_epoch(self) -> None:
+        """A fresh start with the journal on: a new epoch whose base snapshot is the state now."""
+        assert self.server is not None
+        epoch = secrets.randbits(63)
+        self.journal = journal_mod.Journal.create(
+            journal_mod.journal_path(self.config.snapshot_dir, self.server.rank, epoch, 0), epoch, 0,
+            fsync=self.config.journal_fsync)
+        self.save_snapshot()
+
+    def _restore_and_replay(self, started: float | None = None) -> None:
+        """Recovery: the last snapshot of <dir>/rank<r>, then every journaled request after it, in order; the replies
+        peers never ACKed go out again."""
+        assert self.server is not None and self.my_id is not None
+        started = time.monotonic() if started is None else started
+        directory, rank = Path(self.config.snapshot_dir), self.server.rank
+        manifest = checkpoint.read_manifest(directory, rank)
+        info = (manifest or {}).get("server", {}).get("journal")
+        if manifest is None or info is None:
+            raise StartupError(f"cannot recover rank {rank}: no journaled snapshot in {directory} (the server died "
+                               f"before its first one, or ran without KVSTORE_LAZY_JOURNAL); restart the job")
+        epoch, base = int(info["epoch"]), int(info["seq"])
+        path = journal_mod.journal_path(directory, rank, epoch, base)
+        contents = journal_mod.read(path)
+        if contents is None:
+            raise StartupError(f"cannot recover rank {rank}: the snapshot continues in {path}, which is missing")
+        self._restore(directory, manifest)
+        gate_state = manifest["server"].get("resume_gate")
+        if gate_state:
+            self.gate = ResumeGate.from_state(gate_state, self.server.optimizer_body)
+        for sig in contents.seen:
+            self._remember(sig)
+        owed: dict[int, tuple[int, Message]] = {}
+        for recver, frames in contents.pending:
+            reply = Message.from_frames([identity_of(self.my_id)] + frames)
+            owed[membership.message_signature(reply.meta, self.my_id, recver)] = (recver, reply)
+        replayed = 0
+        self._replaying = True
+        try:
+            for entry in contents.entries:
+                if entry.seq <= base:
+                    continue
+                msg = Message.from_frames([identity_of(entry.sender)] + entry.frames)
+                self._remember(membership.message_signature(msg.meta, msg.sender, self.my_id))
+                for recver, reply in self._process(msg):
+                    owed[membership.message_signature(reply.meta, self.my_id, recver)] = (recver, reply)
+                replayed += 1
+        finally:
+            self._replaying = False
+        self.journal = journal_mod.Journal.reopen(path, contents, fsync=self.config.journal_fsync)
+        for peer in self._peers:
+            self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
+        resent = 0
+        for sig, (recver, reply) in owed.items():
+            if sig not in contents.acked:
+                self._send(recver, reply)
+                resent += 1
+        log.info("recovered rank %d from %s: snapshot at request %d, %d journaled requests replayed%s, %d replies "
+                 "re-sent; %.3fs", rank, directory, base, replayed,
+                 f" ({contents.torn_bytes} bytes of a torn last record ignored)" if contents.torn_bytes else "",
+                 resent, time.monotonic() - started)
+
+    # ------------------------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
         # Without this final group-7 barrier every worker and the scheduler hang after training.
+        if self.config.resend and self.server is not None:
+            # Under PS_RESEND the stock scheduler may carry extra counts from resent startup BARRIERs of workers (see
+            # start), and then releases the final barrier before everyone asked; a node that asks after that release
+            # waits forever. The servers ask last, one after another, and a server the release reached before it
+            # asked does not ask: that absorbs up to one extra count per server.
+            self._barrier_released = False
+            self._pump_for(FINAL_BARRIER_STAGGER * (self.server.rank + 1), until=lambda: self._barrier_released)
+            if self._barrier_released:
+                log.info("the scheduler released the final barrier before this server asked (extra counts from "
+                         "resent startup BARRIERs, a ps-lite PS_RESEND race); not asking")
+                log.info("stopped")
+                return
         self.barrier(membership.ALL_GROUP)
         log.info("stopped")
 
     def barrier(self, group: int) -> None:
         self._barrier_released = False
+        # not kept for resending: a resent BARRIER that the scheduler had processed but not ACKed counts twice
         self._send_control(membership.SCHEDULER_ID, membership.barrier_request(group, self._tick()))
         while not self._barrier_released:
             msg = self._recv(self._poll_timeout())
+            if msg is not None:
+                self._dispatch(msg)
+            self._timers()
+
+    def _pump_for(self, seconds: float, until=None) -> None:
+        """Serve incoming messages and timers for `seconds` (or until `until()` is true)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not (until is not None and until()):
+            msg = self._recv(max(1, min(self._poll_timeout(), int((end - time.monotonic()) * 1000))))
             if msg is not None:
                 self._dispatch(msg)
             self._timers()
@@ -249,7 +687,7 @@ class ServerNode:
         return ts
 
     def _poll_timeout(self) -> int:
-        nearest = min(self._next_heartbeat, self._next_stats, self._next_snapshot)
+        nearest = min(self._next_heartbeat, self._next_stats, self._next_snapshot, self._next_resend_check)
         return max(0, min(1000, int((nearest - time.monotonic()) * 1000)))
 
     def _timers(self) -> None:
@@ -258,15 +696,37 @@ class ServerNode:
             self._send_control(membership.SCHEDULER_ID,
                                membership.heartbeat(self.my_id, self.config.host, self.port, self._tick()))
             self._next_heartbeat = now + self.config.heartbeat_interval
-        if self.server is not None and (self.server.snapshot_requested or now >= self._next_snapshot) \
-                and self.config.snapshot_dir:
-            self.server.snapshot_requested = False
-            self.save_snapshot()
-            if self.config.snapshot_interval > 0:
-                self._next_snapshot = now + self.config.snapshot_interval
+        if now >= self._next_resend_check:
+            self._resend(now)
+            self._next_resend_check = now + max(self.config.resend_timeout / 2, 0.05)
+        if self.journal is not None:
+            self.journal.flush()
+        if self.server is not None and self.config.snapshot_dir:
+            if self.server.snapshot_requested or now >= self._next_snapshot:
+                self.server.snapshot_requested = False
+                self._snapshot_due = True
+                if self.config.snapshot_interval > 0:
+                    self._next_snapshot = now + self.config.snapshot_interval
+            if self.journal is not None and self.journal.bytes_written > self.config.journal_max_bytes:
+                self._snapshot_due = True
+            if self._snapshot_due and self.journal is not None and self.journal.seq == self._snapshot_seq \
+                    and not self.outbox.pending:
+                self._snapshot_due = False   # nothing happened since the last one
+            # with the journal, only a snapshot between rounds lets the journal start over
+            if self._snapshot_due and (self.journal is None or self.quiescent()):
+                self._snapshot_due = False
+                self.save_snapshot()
         if now >= self._next_stats:
             self.log_stats("periodic")
             self._next_stats = now + self.config.stats_interval
+
+    def _resend(self, now: float) -> None:
+        for entry in self.outbox.due(now):
+            recver, message, first, _, tries = entry
+            self.van.send(recver, message)
+            if tries in (1, 3, 10) or tries % 30 == 0:
+                log.warning("no ACK from %s for %.0fs: resent a message to it (try %d)", node_name(recver),
+                            now - first, tries)
 
     def log_stats(self, when: str) -> None:
         if self.server is None:
@@ -278,6 +738,19 @@ class ServerNode:
     def _send_control(self, node_id: int, msg: Message) -> None:
         self.van.send(node_id, msg)
 
+    def _send(self, recver: int, msg: Message) -> None:
+        """Send a reply, and with PS_RESEND keep it until the peer ACKs it (control messages go through
+        _send_control and are never resent)."""
+        self.van.send(recver, msg)
+        if self.config.resend and self.my_id is not None:
+            self.outbox.track(membership.message_signature(msg.meta, self.my_id, recver), recver, msg,
+                              time.monotonic())
+
+    def _remember(self, signature: int) -> None:
+        self._seen[signature] = None
+        if len(self._seen) > SEEN_KEEP:
+            self._seen.popitem(last=False)
+
     def _recv(self, timeout_ms: int) -> Message | None:
         frames = self.van.recv(timeout_ms)
         if frames is None:
@@ -287,27 +760,58 @@ class ServerNode:
         except ProtocolError as exc:
             log.error("dropping a malformed message from identity %r: %s", bytes(frames[0])[:16], exc)
             return None
+        msg.frames = frames[1:]   # as received: what the journal keeps
         if self.config.verbose >= 2:
             log.info("recv from %s: %s (%d data frames)", node_name(msg.sender), msg.meta, len(msg.data))
         return msg
 
     def _dispatch(self, msg: Message) -> None:
         cmd = msg.meta.control.cmd
-        if self.config.resend and self.my_id is not None and cmd not in (ACK, TERMINATE):
+        if cmd == ACK:
+            signature = msg.meta.control.msg_sig
+            if self.outbox.ack(signature) and self.journal is not None:
+                self.journal.ack(signature)
+            return
+        signature = None
+        if self.config.resend and self.my_id is not None and cmd != TERMINATE:
             signature = membership.message_signature(msg.meta, msg.sender, self.my_id)
-            self.van.send(msg.sender, membership.ack(signature))
-            if signature in self._seen_signatures:
+            if signature in self._seen:
+                self._send_control(msg.sender, membership.ack(signature))
                 return  # a resent duplicate: ACKed again, not processed again
-            self._seen_signatures.add(signature)
+        if cmd == 0 and self.journal is not None and self.server is not None:
+            # write-ahead: in the journal before it is ACKed or changes anything
+            self.journal.append(msg.sender, getattr(msg, "frames", None) or msg.to_frames())
+        if signature is not None:
+            self._send_control(msg.sender, membership.ack(signature))
+            self._remember(signature)
         if cmd != 0:
             self._control(msg)
             return
         assert self.server is not None, "data before registration"
-        for recver, reply in self.server.handle(msg):
-            self.van.send(recver, reply)
+        for recver, reply in self._process(msg):
+            self._send(recver, reply)
+
+    def _process(self, msg: Message) -> list[tuple[int, Message]]:
+        """One request through the resume gate and the KVServer (also what journal replay runs)."""
+        assert self.server is not None
+        if self.gate is not None and self.gate.active:
+            replies = self.gate.intercept(self.server, msg)
+            if replies is not None:
+                return replies
+        replies = self.server.handle(msg)
+        if msg.meta.simple_app and msg.meta.head == mx.LAZY_SNAPSHOT:
+            self.server.snapshot_requested = False
+            if self.config.snapshot_dir and not self._replaying:
+                self.save_tagged(_tag_of(bytes(msg.meta.body)))
+                self._snapshot_due = True
+        return replies
 
     def _control(self, msg: Message) -> None:
         cmd = msg.meta.control.cmd
+        if (cmd == ADD_NODE or membership.is_barrier_release(msg.meta)) and msg.sender != membership.SCHEDULER_ID:
+            # only the scheduler sends these; from anyone else they could re-point our replies or end a barrier
+            log.error("ignoring control command %d from %s: only the scheduler sends it", cmd, node_name(msg.sender))
+            return
         if membership.is_barrier_release(msg.meta):
             self._barrier_released = True
         elif cmd == ADD_NODE and self.my_id is not None:
@@ -316,5 +820,28 @@ class ServerNode:
                 if peer.node_id != self.my_id and peer.node_id != membership.SCHEDULER_ID:
                     self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
                     log.info("reconnected to %s at %s:%d", node_name(peer.node_id), peer.hostname, peer.port)
-        elif cmd in (HEARTBEAT, ACK, TERMINATE):
+        elif cmd in (HEARTBEAT, TERMINATE):
             pass
+
+
+def _set_label(rank: int) -> None:
+    global _node_label
+    _node_label = f"server {rank}"
+
+
+def _rejoin_timestamp() -> int:
+    """The first control-message timestamp of a restarted server. PS_RESEND peers drop a message whose signature
+    (sender, timestamp, ...) they saw before, so a restarted server must not count from 0 again: it starts at
+    2^29 + (wall-clock ms mod 2^28), far above what the first process used (one heartbeat a second) and apart from
+    any other restart's range, and below 2^30 (ps-lite shifts the timestamp left once in an int)."""
+    return (1 << 29) + int(time.time() * 1000) % (1 << 28)
+
+
+def _tag_of(body: bytes):
+    if not body:
+        return None
+    text = body.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
