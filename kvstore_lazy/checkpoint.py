@@ -28,6 +28,11 @@ class SnapshotError(ValueError):
     pass
 
 
+def fsync_path(path) -> None:
+    """fsync a file or a directory by path (a directory's fsync makes a rename in it durable)."""
+    _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

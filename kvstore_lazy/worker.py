@@ -367,11 +367,8 @@ def save_ndarrays(path: str, arrays: dict, save_fn=None) -> None:
 
 
 def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    from .checkpoint import fsync_path
+    fsync_path(path)
 
 
 def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:

@@ -18,21 +18,8 @@ def load(out: str, rank: int) -> dict:
 
 
 def tcp_bytes_sent(pid=None) -> int:
-    """Bytes this process has sent over its open TCP sockets (kernel counters via iproute2's `ss -tinp`).
+    """Bytes this process has sent over its open TCP sockets (kernel counters via iproute2's `ss -tinp`;
+    /proc/<pid>/io's wchar does not count send() on sockets)."""
+    from kvstore_lazy.metrics import tcp_bytes_sent as sent
 
-    /proc/<pid>/io's wchar does not count send() on sockets, so this is how a worker measures what a call put on
-    the wire.
-    """
-    import re
-    import subprocess
-
-    pid = os.getpid() if pid is None else pid
-    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30, check=True).stdout
-    total, mine = 0, False
-    for line in out.splitlines():
-        if not line.startswith(("\t", " ")):
-            mine = f"pid={pid}," in line
-        elif mine:
-            m = re.search(r"bytes_sent:(\d+)", line)
-            total += int(m.group(1)) if m else 0
-    return total
+    return sent(pid)
