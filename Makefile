@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv system-deps test-cluster test test-unit test-integration demo bench bench-quick patch unpatch clean
+.PHONY: venv system-deps test-cluster test-docker test test-unit test-integration demo bench bench-quick patch unpatch clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ test: venv
 # Jobs across network-namespace hosts (scripts/netns_cluster.sh) and the fault scenarios; needs root and iproute2.
 test-cluster: venv system-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/test_cluster.py
+
+# Docker: starts its own dockerd (in a network namespace), builds the image from an offline debootstrap base,
+# runs docker/docker-compose.yml (scheduler, 2 lazy servers, 2 workers) to completion and checks the checkpoint.
+test-docker:
+	bash scripts/docker_test.sh
 
 system-deps:
 	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null || \
