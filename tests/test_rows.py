@@ -1,4 +1,7 @@
 """RowIndex and RowTable against a plain dict reference model (hypothesis state machines), plus edge cases."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import settings
@@ -317,7 +320,7 @@ def test_debug_checks_catch_bad_inserts():
 def test_growth_with_an_escaped_view_copies_instead():
     table = RowTable(2, np.int64, 1, initial_capacity=2)
     table.ensure([10, 11], lambda ids: ids[:, None].astype(np.int64) * [1, -1])
-    view = table._arenas[0][:2]  # a live view makes in-place realloc unsafe: growth must copy
+    view = table._arenas[0].array[:2]  # a live view makes growing in place (mremap) unsafe: growth must copy
     table.ensure(np.arange(100, 200, dtype=U64), lambda ids: ids[:, None].astype(np.int64) * [1, -1])
     assert view.tolist() == [[10, -10], [11, -11]]
     ids, weights, states = table.items()
@@ -342,3 +345,36 @@ def test_memory_per_row_near_raw():
     raw = row_size * 4 * (1 + num_states)
     assert table.nbytes() <= 1.25 * raw * n
     assert table._index.nbytes() <= 32 * n
+
+
+def _rss_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) * 1024
+
+
+def test_arena_grows_in_place_and_costs_only_the_rows_written():
+    arena = rows.Arena((32,), np.float32, 4)
+    arena.put(np.arange(4), np.arange(128, dtype=np.float32).reshape(4, 32))
+    mapping = arena._map
+    before = _rss_bytes()
+    arena.grow(2**30 // 128, used=4)              # 1 GiB of capacity: address space only
+    assert arena._map is mapping and len(arena) == 2**30 // 128
+    assert _rss_bytes() - before < 16 * 2**20
+    assert arena.take(np.arange(4)).reshape(-1).tolist() == list(range(128))
+    assert not arena.take(np.array([4, len(arena) - 1])).any()   # new rows are zero
+    arena.put(np.array([len(arena) - 1]), 7)
+    assert arena.take(np.array([len(arena) - 1])).tolist() == [[7.0] * 32]
+    assert arena.nbytes(5) == 4096 and arena.nbytes(0) == 0
+
+
+def test_table_memory_follows_rows_stored_not_capacity():
+    table = RowTable(64, np.float32, 2, initial_capacity=1)
+    before = _rss_bytes()
+    ids = np.arange(100_000, dtype=U64) * U64(0x9E3779B97F4A7C15)
+    for lo in range(0, len(ids), 8192):
+        slots = table.ensure(ids[lo:lo + 8192], lambda new: np.ones((len(new), 64), np.float32))
+        table.set_states(slots, [np.ones((len(slots), 64), np.float32)] * 2)   # touch every state row too
+    raw = 64 * 4 * 3 * len(ids)
+    assert len(table._arenas[0]) >= len(ids)
+    grown = _rss_bytes() - before
+    assert raw * 0.9 < grown < raw * 1.25 + 8 * 2**20, (grown, raw)

@@ -1,0 +1,114 @@
+"""CPU per training step of the server core alone, no sockets: ``python scripts/bench_workers/core_step.py``.
+
+Plays two stock workers against one in-process :class:`KVServer` with the frames a stock worker sends (through the
+wire codec both ways): each step, both workers pull B Zipf-distributed distinct rows of a lazy (input_dim x D) key
+and push gradients for them (dist_sync, so the second push triggers the merge and the optimizer update). Prints the
+CPU time per step (pull + push of both workers) after a warm-up, which is repeatable on a shared machine where the
+end-to-end figures of ``make bench`` are not. For tuning the hot path; ``make bench`` holds the side-by-side tables.
+"""
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
+from kvstore_lazy.protocol.message import KVPairs, Message, identity_of  # noqa: E402
+from kvstore_lazy.protocol.pbmeta import Meta  # noqa: E402
+from kvstore_lazy.server.core import KVServer  # noqa: E402
+from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
+
+KEY = 3
+WORKERS = (9, 11)
+ROW_SPARSE_F32 = mx.command_code(mx.ROW_SPARSE, 0)
+
+
+class Worker:
+    def __init__(self, node_id: int) -> None:
+        self.node_id, self.ts = node_id, 0
+
+    def _message(self, head: int, *, push=False, pull=False, simple_app=False, body=b"", kv=None) -> Message:
+        meta = Meta(head=head, body=body, request=True, push=push, pull=pull, simple_app=simple_app, app_id=0,
+                    timestamp=self.ts, customer_id=0)
+        self.ts += 1
+        data = []
+        if kv is not None:
+            data, meta.data_type = kv.frames()
+        # through the codec, as the van would hand it to the server
+        return Message.from_frames([identity_of(self.node_id)] + Message(meta, data, sender=self.node_id).to_frames())
+
+    def command(self, head: int, body: bytes) -> Message:
+        return self._message(head, simple_app=True, body=body)
+
+    def rows(self, ids: np.ndarray, values: np.ndarray | None) -> Message:
+        keys = np.concatenate([[KEY], KEY + ids.astype(np.uint64)]).astype(np.uint64)
+        if values is None:
+            return self._message(ROW_SPARSE_F32, pull=True, kv=KVPairs(keys, b"", np.zeros(0, np.int32)))
+        lens = np.full(len(keys), values.shape[1] * 4, np.int32)
+        lens[0] = 0
+        return self._message(ROW_SPARSE_F32, push=True, kv=KVPairs(keys, values.tobytes(), lens))
+
+
+def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
+    ids: set[int] = set()
+    while len(ids) < batch:
+        ids.update((rng.zipf(1.2, batch) * 0x9E3779B1 % input_dim).tolist())
+    return np.sort(np.fromiter(ids, np.int64)[:batch])
+
+
+def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int) -> dict:
+    import mxnet  # only for the optimizer pickle a stock worker sends
+    server = KVServer(0, 1, len(WORKERS))
+    workers = [Worker(n) for n in WORKERS]
+
+    def handle(msg: Message) -> None:
+        for _, reply in server.handle(msg):
+            reply.to_frames()
+        assert server.bad_requests == 0, "a request was refused"
+
+    opt = mxnet.optimizer.create(optimizer, learning_rate=0.01, **({"momentum": 0.9} if optimizer == "sgd" else {}))
+    handle(workers[0].command(mx.SYNC_MODE, b""))
+    handle(workers[0].command(mx.CONTROLLER, pickle.dumps(opt, 0)))
+    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
+                                                               '["uniform", {"scale": 0.07}]', 1)))
+    handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
+    rng = np.random.default_rng(0)
+    batches = [[zipf_rows(rng, input_dim, batch) for _ in workers] for _ in range(warmup + steps)]
+    grads = [rng.standard_normal((batch, dim)).astype(np.float32) for _ in workers]
+    cpu = []
+    for step, ids in enumerate(batches):
+        t = time.process_time()
+        for w, rows in zip(workers, ids):
+            handle(w.rows(rows, None))
+        for w, rows, grad in zip(workers, ids, grads):
+            handle(w.rows(rows, grad))
+        if step >= warmup:
+            cpu.append(time.process_time() - t)
+    return {"optimizer": optimizer, "batch": batch, "rows": len(server.sparse[KEY].table),
+            "cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input-dim", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--optimizer", nargs="+", default=["sgd", "adam"])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{'optimizer':<10} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
+    for optimizer in args.optimizer:
+        for batch in args.batch:
+            r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup)
+            print(f"{optimizer:<10} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
