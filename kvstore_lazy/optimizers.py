@@ -24,6 +24,8 @@ import pickle
 
 import numpy as np
 
+from kvstore_lazy.store import kernels
+
 __all__ = ['load_optimizer', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
            'SGD', 'NAG', 'Signum', 'Adam', 'AdaGrad', 'Ftrl', 'RMSProp', 'Test',
            'FactorScheduler', 'MultiFactorScheduler', 'PolyScheduler', 'CosineScheduler']
@@ -234,6 +236,15 @@ class Optimizer:
     def init_states(self, weight):
         return [np.zeros(weight.shape, dtype=np.float32) for _ in range(self.num_states())]
 
+    def update_rows(self, key, weight, states, slots, grad):
+        """Update rows ``slots`` of ``weight`` and ``states`` (whole row tables) in place with the gradient rows
+        ``grad`` (one per slot), as :meth:`update` would on the gathered rows with ``row_sparse=True``.
+
+        Returns False, changing nothing, when there is no compiled kernel for this optimizer or these arrays: the
+        caller then gathers the rows and calls :meth:`update`.
+        """
+        return False
+
     def update(self, key, weight, grad, states, *, row_sparse=False):
         """Apply one optimizer step to `weight` and `states`, in place.
 
@@ -294,6 +305,16 @@ class Optimizer:
         raise NotImplementedError
 
 
+def _fusable(weight, states, slots, grad):
+    """Arrays a compiled row kernel takes: float32 2-D C-contiguous tables, one grad row per int64 slot."""
+    tables = [weight, *states]
+    return (all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.ndim == 2 and a.flags.c_contiguous
+                and a.shape == weight.shape for a in tables)
+            and isinstance(grad, np.ndarray) and grad.dtype == _f32 and grad.flags.c_contiguous
+            and grad.shape == (len(slots), weight.shape[1])
+            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1)
+
+
 def _sgd_step_term(lr, rescale, clip, grad):
     """The `lr * clip(rescale * grad)` term shared by the SGD-family kernels."""
     if clip >= 0:
@@ -329,21 +350,33 @@ class SGD(Optimizer):
     def num_states(self):
         return 1 if self.momentum != 0.0 else 0
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _scalars(self, index, row_sparse):
+        """Count the update; the float32 kernel arguments (lr, wd, rescale, clip, momentum)."""
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         # SGD._update_impl always sends dense weights through multi_sgd[_mom]_update (whatever
         # aggregate_num is). row_sparse keys use sgd[_mom]_update.
-        multi = not row_sparse
-        to_f32 = _tuple_f32 if multi else _op_f32
-        lr, wd = to_f32(lr), to_f32(wd)
-        rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
-        if not states and not multi:
+        to_f32 = _op_f32 if row_sparse else _tuple_f32
+        momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
+        return to_f32(lr), to_f32(wd), _op_f32(self.rescale_grad), self._clip_param(), momentum
+
+    def update_rows(self, key, weight, states, slots, grad):
+        if not _fusable(weight, states, slots, grad):
+            return False
+        lr, wd, rescale, clip, momentum = self._scalars(key, True)
+        if states:
+            kernels.sgd_mom_rows(weight, states[0], slots, grad, lr, wd, rescale, clip, momentum)
+        else:
+            kernels.sgd_rows(weight, slots, grad, lr, wd, rescale, clip)
+        return True
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        lr, wd, rescale, clip, momentum = self._scalars(index, row_sparse)
+        if not states and row_sparse:
             bufs = self._buffers(weight, grad, states, 1)
             _sgd_kernel(weight, grad, lr, wd, rescale, clip, bufs[0] if bufs else None)
             return
         # SGDMomKernel / MultiSGDKernel: mom = m*mom - lr*wd*w - lr*g; w = w + mom
-        momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
         bufs = self._buffers(weight, grad, states, 1 if states else 2)
         if bufs is not None:
             t = bufs[0]
@@ -421,13 +454,26 @@ class Adam(Optimizer):
     def num_states(self):
         return 2
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _scalars(self, index):
+        """Count the update; the float32 kernel arguments (lr, wd, beta1, beta2, epsilon, rescale, clip)."""
         self._update_count(index)
         lr, wd = self._get_lr(index), _op_f32(self._get_wd(index))
         t = self._index_update_count[index]
         lr = _op_f32(lr * (math.sqrt(1. - self.beta2 ** t) / (1. - self.beta1 ** t)))
-        beta1, beta2 = _op_f32(self.beta1), _op_f32(self.beta2)
-        eps, rescale, clip = _op_f32(self.epsilon), _op_f32(self.rescale_grad), self._clip_param()
+        return (lr, wd, _op_f32(self.beta1), _op_f32(self.beta2), _op_f32(self.epsilon), _op_f32(self.rescale_grad),
+                self._clip_param())
+
+    def update_rows(self, key, weight, states, slots, grad):
+        if not _fusable(weight, states, slots, grad):
+            return False
+        lr, wd, beta1, beta2, eps, rescale, clip = self._scalars(key)
+        # AdamDnsRspDnsKernel<cpu> squares the clipped gradient first
+        kernels.adam_rows(weight, states[0], states[1], slots, grad, lr, wd, beta1, beta2, eps, rescale, clip,
+                          clip >= 0)
+        return True
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        lr, wd, beta1, beta2, eps, rescale, clip = self._scalars(index)
         mean, var = states
         bufs = self._buffers(weight, grad, states, 2)
         if bufs is not None:

@@ -153,7 +153,7 @@ fi
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3.11 || command -v python3)"
 pins=()
-for pkg in mxnet numpy pyzmq; do
+for pkg in mxnet numpy pyzmq numba llvmlite; do
     pin="$(grep -E "^$pkg==" "$ROOT/requirements.txt")" || die "no $pkg pin in requirements.txt"
     pins+=("$pin")
 done

@@ -137,13 +137,21 @@ SPARSE_CASES = {
     'sgd-mom-wd-clip': lambda: OPT.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3, clip_gradient=0.5),
     'adam-wd-clip': lambda: OPT.Adam(learning_rate=0.01, wd=1e-3, clip_gradient=0.5, rescale_grad=0.5),
     'adam': lambda: OPT.Adam(learning_rate=0.01),
+    'sgd-mom': lambda: OPT.SGD(learning_rate=0.1, momentum=0.9),
+    'adam-clip-rescale': lambda: OPT.Adam(learning_rate=0.02, clip_gradient=0.3, rescale_grad=2.0, epsilon=1e-6),
     'adagrad-clip': lambda: OPT.AdaGrad(learning_rate=0.1, clip_gradient=0.5, rescale_grad=0.5),
     'ftrl-wd-clip': lambda: OPT.Ftrl(lamda1=0.01, learning_rate=0.05, wd=1e-3, clip_gradient=0.5),
 }
 
 
+FUSED = {'sgd-wd-clip', 'sgd-mom-wd-clip', 'sgd-mom', 'adam-wd-clip', 'adam', 'adam-clip-rescale'}
+
+
+@pytest.mark.parametrize('path', ['gathered', 'in_place'])
 @pytest.mark.parametrize('case', sorted(SPARSE_CASES))
-def test_row_sparse_lazy_matches_mxnet(case):
+def test_row_sparse_lazy_matches_mxnet(case, path):
+    """Both server paths: gather the rows, update, scatter; and update_rows on the whole tables in place
+    (compiled kernels, SGD and Adam; the other optimizers must decline it)."""
     make = SPARSE_CASES[case]
     ours = load_optimizer(pickle.dumps(make(), 0))
     updater = OPT.get_updater(make())
@@ -159,12 +167,14 @@ def test_row_sparse_lazy_matches_mxnet(case):
         touched.update(idx.tolist())
         g = rng.randn(len(idx), cols).astype(np.float32)
         updater(key, mx.nd.sparse.row_sparse_array((g, idx), shape=(rows, cols)), mx_w)
-        # what the server does: gather, update, scatter
-        w_rows, s_rows = np_w[idx], [s[idx] for s in np_s]
-        ours.update(key, w_rows, g, s_rows, row_sparse=True)
-        np_w[idx] = w_rows
-        for s, rows_s in zip(np_s, s_rows):
-            s[idx] = rows_s
+        fused = path == 'in_place' and ours.update_rows(key, np_w, np_s, idx.astype(np.int64), g)
+        assert fused == (path == 'in_place' and case in FUSED)
+        if not fused:   # gather, update, scatter
+            w_rows, s_rows = np_w[idx], [s[idx] for s in np_s]
+            ours.update(key, w_rows, g, s_rows, row_sparse=True)
+            np_w[idx] = w_rows
+            for s, rows_s in zip(np_s, s_rows):
+                s[idx] = rows_s
         expect = mx_w.asnumpy()
         np.testing.assert_allclose(np_w, expect, rtol=1e-6, atol=1e-7)
         assert np.array_equal(np_w, expect), f'{case}: not bit-identical'

@@ -36,6 +36,7 @@ from ..protocol import ProtocolError
 from ..protocol import mxnet as mx
 from ..protocol.message import KVPairs, Message, decode_kv
 from ..protocol.pbmeta import EMPTY, Meta
+from ..store import kernels
 from ..store.rows import RowTable
 
 log = logging.getLogger("kvstore_lazy.server")
@@ -744,6 +745,10 @@ class KVServer:
         if self.optimizer is None:
             entry.table.set_weights(slots, grad)
             return
+        tables = entry.table.arrays()
+        if self.optimizer.update_rows(key, tables[0], tables[1:], slots, grad):
+            return
+        del tables
         weights = entry.table.weights(slots)
         states = entry.table.states(slots)
         self.optimizer.update(key, weights, grad, states, row_sparse=True)
@@ -884,15 +889,10 @@ def _check_runs(optimizer: Optimizer) -> None:
 
 def _merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
                 vals_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-sparse elementwise add (union of rows, overlapping rows summed); both inputs sorted and unique."""
-    ids = np.union1d(ids_a, ids_b)
-    out = np.zeros((len(ids), vals_a.shape[1] if vals_a.ndim == 2 and vals_a.shape[1] else vals_b.shape[1]),
-                   vals_b.dtype)
-    pos_a = np.searchsorted(ids, ids_a)
-    pos_b = np.searchsorted(ids, ids_b)
-    out[pos_a] = vals_a
-    out[pos_b] += vals_b
-    return ids, out
+    """Row-sparse elementwise add (union of rows, overlapping rows summed as a + b); both inputs sorted and unique."""
+    if not len(ids_a) or not len(ids_b):
+        return (ids_b.copy(), vals_b.copy()) if len(ids_b) else (ids_a.copy(), vals_a.copy())
+    return kernels.merge_rows(ids_a, np.ascontiguousarray(vals_a), ids_b, np.ascontiguousarray(vals_b))
 
 
 def _retyped(table: RowTable, dtype) -> RowTable:

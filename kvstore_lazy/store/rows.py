@@ -6,10 +6,7 @@ This module owns two things:
   slots ``0, 1, 2, ...`` in insertion order. It is an open-addressing hash table with linear probing. The table
   holds only slots (``int32`` while fewer than ``2**31`` rows are possible, else ``int64``; ``-1`` marks an empty
   bucket); the id of slot ``s`` lives in a dense ``keys[s]`` array, which is also :meth:`RowIndex.row_ids`.
-  Everything is vectorised: a batch walks the probe sequence one round at a time, and only the rows still unresolved
-  take part in the next round, so the number of Python-level iterations is the longest probe run in the batch, not
-  the batch size. Two new ids claiming the same empty bucket in one round are settled by writing all claims and
-  reading the bucket back: exactly one write survives, the losers probe on.
+  Probing runs in a compiled loop (:mod:`kvstore_lazy.store.kernels`), one pass over a batch.
 * :class:`RowTable` puts row arenas beside a :class:`RowIndex`: one array for the weights and one per optimizer
   state, all with the same capacity, row ``s`` of each belonging to slot ``s``. Rows are never removed.
 
@@ -22,8 +19,8 @@ Growing copies nothing, never holds old and new at once, and writes nothing: the
 first time a row is written, so resident memory follows the rows stored, not the capacity (which doubles, as
 address space only). If growing in place is refused (a view of the array escaped, or no ``mremap`` on this
 platform), an arena falls back to a new mapping and copies its used rows: the peak is then the old plus the new
-used part of that one arena. A rehash builds the new table (from ``keys``, in chunks of ``2**20`` to bound
-temporaries) before dropping the old one: peak 1.5 x the new table, and a failure leaves the index as it was.
+used part of that one arena. A rehash builds the new table (from ``keys``) before dropping the old one: peak 1.5 x
+the new table, and a failure leaves the index as it was.
 
 Rows are gathered and scattered through a view of each arena as one opaque ``void`` item per row (``take`` and
 ``put``), which moves a row as one block: several times faster than numpy's 2-D fancy indexing.
@@ -35,6 +32,8 @@ from typing import Callable
 
 import numpy as np
 
+from kvstore_lazy.store import kernels
+
 #: Check :meth:`RowIndex.insert`'s preconditions (unique, absent ids). Costs a sort and a lookup per insert.
 DEBUG = False
 #: The hash table is rebuilt larger once more than this fraction of its buckets is used.
@@ -44,9 +43,6 @@ ARENA_GROWTH = 2
 
 _MIN_BUCKETS = 8
 _MAX_INT32_SLOTS = 2**31  # tables that may hold this many rows use int64 slots
-_REHASH_CHUNK = 1 << 20
-_FOLD = np.uint64(31)
-_MULT = np.uint64(0xBF58476D1CE4E5B9)  # odd 64-bit multiplier (splitmix64); the top bits of the product pick the bucket
 
 
 def as_row_ids(row_ids) -> np.ndarray:
@@ -118,28 +114,10 @@ class Arena:
         self.array = self._rows.view(self.dtype).reshape((self.capacity,) + self.row_shape)
 
 
-def _home(ids: np.ndarray, buckets: int) -> np.ndarray:
-    """Home bucket of each id in a table of ``buckets`` (a power of two): fold the high half in, multiply, keep the
-    top bits. A bucket in a smaller table is a prefix of the one in a larger table."""
-    h = ids >> _FOLD
-    h ^= ids
-    h *= _MULT
-    h >>= np.uint64(65 - buckets.bit_length())
-    return h.astype(np.intp)
-
-
-def _place(table: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
-    """Write each slot into the first empty bucket of its id's probe run (ids known absent from ``table``)."""
-    mask = len(table) - 1
-    pos = _home(ids, len(table))
-    slots = slots.astype(table.dtype)
-    while len(pos):
-        free = table[pos] < 0
-        table[pos[free]] = slots[free]  # rivals for one bucket: exactly one write survives
-        left = table[pos] != slots  # all but the survivors (a slot is never in the table twice)
-        pos, slots = pos[left], slots[left]
-        pos += 1
-        pos &= mask
+def _shift(table: np.ndarray) -> np.uint64:
+    """The home bucket of an id is the top bits of ``((id >> 31) ^ id) * MULT`` (see kernels): this many fewer than 64.
+    A bucket in a smaller table is a prefix of the one in a larger table."""
+    return np.uint64(65 - len(table).bit_length())
 
 
 class RowIndex:
@@ -160,20 +138,8 @@ class RowIndex:
         """Slots of ``row_ids`` (``int64``), ``-1`` where absent. Duplicates in the batch are fine."""
         ids = as_row_ids(row_ids)
         out = np.full(len(ids), -1, np.int64)
-        if not self._n or not len(ids):
-            return out
-        table, keys, mask = self._table, self._keys.array, len(self._table) - 1
-        pos = _home(ids, len(table))
-        todo = np.arange(len(ids))
-        while len(todo):  # one probe per round for the ids still unresolved; runs always end at an empty bucket
-            slot = table[pos]
-            used = slot >= 0
-            hit = used & (keys[slot] == ids)  # keys[-1] read for empty buckets is masked off by `used`
-            out[todo[hit]] = slot[hit]
-            more = used & ~hit
-            todo, ids, pos = todo[more], ids[more], pos[more]
-            pos += 1
-            pos &= mask
+        if self._n and len(ids):
+            kernels.index_lookup(self._table, self._keys.array, ids, _shift(self._table), out)
         return out
 
     def insert(self, row_ids) -> np.ndarray:
@@ -195,7 +161,7 @@ class RowIndex:
         if start + m > MAX_LOAD * len(self._table):
             self._table = self._rebuilt(start + m)
         else:
-            _place(self._table, ids, slots)
+            kernels.index_place(self._table, ids, start, _shift(self._table))
         self._n = start + m
         return slots
 
@@ -216,11 +182,9 @@ class RowIndex:
         return np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
 
     def _rebuilt(self, n: int) -> np.ndarray:
-        """A new table holding slots ``0 .. n-1``, filled chunk by chunk to bound the temporaries."""
+        """A new table holding slots ``0 .. n-1``."""
         table = self._new_table(n)
-        for lo in range(0, n, _REHASH_CHUNK):
-            hi = min(lo + _REHASH_CHUNK, n)
-            _place(table, self._keys.array[lo:hi], np.arange(lo, hi))
+        kernels.index_place(table, self._keys.array[:n], 0, _shift(table))
         return table
 
 
@@ -276,6 +240,11 @@ class RowTable:
 
     def set_weights(self, slots, values) -> None:
         self._arenas[0].put(self._slots(slots), values)
+
+    def arrays(self) -> list[np.ndarray]:
+        """The whole weight and state tables (``capacity`` rows each), to update rows in place by slot. Use them at
+        once and drop them: a view still held when the table grows makes it copy instead of growing in place."""
+        return [arena.array for arena in self._arenas]
 
     def states(self, slots) -> list[np.ndarray]:
         """Copies of each state's rows at ``slots``."""
