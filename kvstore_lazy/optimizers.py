@@ -11,7 +11,9 @@ This module owns two things:
   plus the four stock lr schedulers. They follow the kernels'
   float32 operation order. Scalar hyper-parameters become float32 in the same
   way MXNet's ops receive them: ``str(value)``, parsed by dmlc-core's inexact
-  ``ParseFloat``.
+  ``ParseFloat``. SGD and Adam, the hot ones, run float32 arrays through
+  compiled one-pass kernels (``store.kernels``, same operations in the same
+  order) and keep the numpy expressions for other dtypes.
 
 ``Optimizer.update`` works element by element. The server can call it on a
 whole dense array, or on the gathered rows of a row_sparse key, which gives
@@ -315,6 +317,21 @@ def _fusable(weight, states, slots, grad):
             and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1)
 
 
+_ROW0 = np.zeros(1, np.int64)
+
+
+def _as_one_row(weight, grad, states):
+    """``(weight, states, slots, grad)`` as one-row 2-D views for the compiled kernels (``slots`` = row 0), or None
+    when some array isn't float32, C-contiguous and of the weight's shape (e.g. float16: the numpy path keeps its
+    dtype promotion)."""
+    arrays = [weight, grad, *states]
+    if not all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.flags.c_contiguous and a.shape == weight.shape
+               for a in arrays):
+        return None
+    w, g, *s = [a.reshape(1, -1) for a in arrays]
+    return w, s, _ROW0, g
+
+
 def _sgd_step_term(lr, rescale, clip, grad):
     """The `lr * clip(rescale * grad)` term shared by the SGD-family kernels."""
     if clip >= 0:
@@ -322,25 +339,9 @@ def _sgd_step_term(lr, rescale, clip, grad):
     return (lr * rescale) * grad
 
 
-def _sgd_step_term_into(out, lr, rescale, clip, grad):
-    """_sgd_step_term written into `out`, same operations in the same order."""
-    if clip >= 0:
-        np.multiply(rescale, grad, out=out)
-        np.clip(out, -clip, clip, out=out)
-        np.multiply(lr, out, out=out)
-    else:
-        np.multiply(lr * rescale, grad, out=out)
-    return out
-
-
-def _sgd_kernel(weight, grad, lr, wd, rescale, clip, buf=None):
-    """sgd_update (SGDKernel / SGDDnsRspKernel). `buf`: a float32 scratch array like weight."""
-    if buf is None:
-        weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
-        return
-    _sgd_step_term_into(buf, lr, rescale, clip, grad)
-    np.multiply(_ONE - lr * wd, weight, out=weight)
-    np.subtract(weight, buf, out=weight)
+def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
+    """sgd_update (SGDKernel / SGDDnsRspKernel)."""
+    weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
 
 
 class SGD(Optimizer):
@@ -363,33 +364,27 @@ class SGD(Optimizer):
     def update_rows(self, key, weight, states, slots, grad):
         if not _fusable(weight, states, slots, grad):
             return False
-        lr, wd, rescale, clip, momentum = self._scalars(key, True)
-        if states:
-            kernels.sgd_mom_rows(weight, states[0], slots, grad, lr, wd, rescale, clip, momentum)
-        else:
-            kernels.sgd_rows(weight, slots, grad, lr, wd, rescale, clip)
+        self._kernel(self._scalars(key, True), weight, states, slots, grad, True)
         return True
 
-    def _step(self, index, weight, grad, states, row_sparse):
-        lr, wd, rescale, clip, momentum = self._scalars(index, row_sparse)
+    @staticmethod
+    def _kernel(scalars, weight, states, slots, grad, row_sparse):
+        lr, wd, rescale, clip, momentum = scalars
         if not states and row_sparse:
-            bufs = self._buffers(weight, grad, states, 1)
-            _sgd_kernel(weight, grad, lr, wd, rescale, clip, bufs[0] if bufs else None)
+            kernels.sgd_rows(weight, slots, grad, lr, wd, rescale, clip)
+        else:   # SGDMomKernel / MultiSGDKernel: mom = m*mom - lr*wd*w - lr*g; w = w + mom
+            kernels.sgd_mom_rows(weight, states[0] if states else weight, slots, grad, lr, wd, rescale, clip,
+                                 momentum, bool(states))
+
+    def _step(self, index, weight, grad, states, row_sparse):
+        scalars = self._scalars(index, row_sparse)
+        flat = _as_one_row(weight, grad, states)
+        if flat is not None:
+            self._kernel(scalars, *flat, row_sparse)
             return
-        # SGDMomKernel / MultiSGDKernel: mom = m*mom - lr*wd*w - lr*g; w = w + mom
-        bufs = self._buffers(weight, grad, states, 1 if states else 2)
-        if bufs is not None:
-            t = bufs[0]
-            np.multiply(lr * wd, weight, out=t)
-            if states:
-                mom = states[0]
-                np.multiply(momentum, mom, out=mom)
-                np.subtract(mom, t, out=mom)
-                np.subtract(mom, _sgd_step_term_into(t, lr, rescale, clip, grad), out=mom)
-            else:
-                mom = np.subtract(_f32(0), t, out=t)
-                np.subtract(mom, _sgd_step_term_into(bufs[1], lr, rescale, clip, grad), out=mom)
-            np.add(weight, mom, out=weight)
+        lr, wd, rescale, clip, momentum = scalars
+        if not states and row_sparse:
+            _sgd_kernel(weight, grad, lr, wd, rescale, clip)
             return
         prev = momentum * states[0] if states else _f32(0)
         mom = prev - (lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
@@ -466,40 +461,24 @@ class Adam(Optimizer):
     def update_rows(self, key, weight, states, slots, grad):
         if not _fusable(weight, states, slots, grad):
             return False
-        lr, wd, beta1, beta2, eps, rescale, clip = self._scalars(key)
-        # AdamDnsRspDnsKernel<cpu> squares the clipped gradient first
-        kernels.adam_rows(weight, states[0], states[1], slots, grad, lr, wd, beta1, beta2, eps, rescale, clip,
-                          clip >= 0)
+        self._kernel(self._scalars(key), weight, states, slots, grad, True)
         return True
 
+    @staticmethod
+    def _kernel(scalars, weight, states, slots, grad, row_sparse):
+        lr, wd, beta1, beta2, eps, rescale, clip = scalars
+        # AdamDnsRspDnsKernel<cpu> squares the clipped gradient first
+        kernels.adam_rows(weight, states[0], states[1], slots, grad, lr, wd, beta1, beta2, eps, rescale, clip,
+                          clip >= 0 and row_sparse)
+
     def _step(self, index, weight, grad, states, row_sparse):
-        lr, wd, beta1, beta2, eps, rescale, clip = self._scalars(index)
-        mean, var = states
-        bufs = self._buffers(weight, grad, states, 2)
-        if bufs is not None:
-            g, t = bufs
-            np.multiply(grad, rescale, out=g)
-            np.multiply(weight, wd, out=t)
-            np.add(g, t, out=g)
-            if clip >= 0:
-                np.clip(g, -clip, clip, out=g)
-            np.multiply(beta1, mean, out=mean)
-            np.multiply(_ONE - beta1, g, out=t)
-            np.add(mean, t, out=mean)
-            np.multiply(beta2, var, out=var)
-            if clip >= 0 and row_sparse:
-                np.multiply(g, g, out=t)
-                np.multiply(_ONE - beta2, t, out=t)
-            else:
-                np.multiply(_ONE - beta2, g, out=t)
-                np.multiply(t, g, out=t)
-            np.add(var, t, out=var)
-            np.multiply(lr, mean, out=g)
-            np.sqrt(var, out=t)
-            np.add(t, eps, out=t)
-            np.divide(g, t, out=g)
-            np.subtract(weight, g, out=weight)
+        scalars = self._scalars(index)
+        flat = _as_one_row(weight, grad, states)
+        if flat is not None:
+            self._kernel(scalars, *flat, row_sparse)
             return
+        lr, wd, beta1, beta2, eps, rescale, clip = scalars
+        mean, var = states
         g = grad * rescale + weight * wd
         if clip >= 0:
             g = _clip(g, clip)

@@ -110,17 +110,22 @@ def sgd_rows(weight, slots, grad, lr, wd, rescale, clip):
 
 
 @njit(cache=True, nogil=True)
-def sgd_mom_rows(weight, mom, slots, grad, lr, wd, rescale, clip, momentum):
-    """SGD with momentum (SGDMomKernel / MultiSGDMomKernel): mom = m mom - lr wd w - step; w = w + mom."""
+def sgd_mom_rows(weight, mom, slots, grad, lr, wd, rescale, clip, momentum, has_mom):
+    """SGD with momentum (SGDMomKernel / MultiSGD[Mom]Kernel): mom = m mom - lr wd w - step; w = w + mom.
+
+    Without ``has_mom`` (multi_sgd_update, dense SGD without momentum) the previous momentum is 0 and ``mom`` is
+    neither read nor written (pass any array of the right type, e.g. ``weight``).
+    """
     lr_wd = lr * wd
     lr_rescale = lr * rescale
     for i in range(len(slots)):
         s = slots[i]
         for c in range(weight.shape[1]):
-            m = momentum * mom[s, c]
+            m = momentum * mom[s, c] if has_mom else np.float32(0)
             m = m - lr_wd * weight[s, c]
             m = m - _step_term(grad[i, c], lr, rescale, clip, lr_rescale)
-            mom[s, c] = m
+            if has_mom:
+                mom[s, c] = m
             weight[s, c] = weight[s, c] + m
 
 
@@ -166,7 +171,7 @@ def warm_up() -> None:
     for g in (grad, readonly):
         merge_rows(rows, grad, rows, g)
         sgd_rows(tables[0], slots, g, one, one, one, one)
-        sgd_mom_rows(tables[0], tables[1], slots, g, one, one, one, one, one)
+        sgd_mom_rows(tables[0], tables[1], slots, g, one, one, one, one, one, True)
         adam_rows(tables[0], tables[1], tables[2], slots, g, one, one, one, one, one, one, one, True)
 
 

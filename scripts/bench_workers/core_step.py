@@ -4,7 +4,7 @@ Plays two stock workers against one in-process :class:`KVServer` with the frames
 wire codec both ways): each step, both workers pull B Zipf-distributed distinct rows of a lazy (input_dim x D) key
 and push gradients for them (dist_sync, so the second push triggers the merge and the optimizer update). Prints the
 CPU time per step (pull + push of both workers) after a warm-up, which is repeatable on a shared machine where the
-end-to-end figures of ``make bench`` are not. For tuning the hot path; ``make bench`` holds the side-by-side tables.
+end-to-end figures of ``make bench`` are not. Then the same for dense keys (both push, then both pull). For tuning the hot path; ``make bench`` holds the side-by-side tables.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
 KEY = 3
 WORKERS = (9, 11)
 ROW_SPARSE_F32 = mx.command_code(mx.ROW_SPARSE, 0)
+DEFAULT_F32 = mx.command_code(mx.DEFAULT, 0)
 
 
 class Worker:
@@ -55,6 +56,14 @@ class Worker:
         return self._message(ROW_SPARSE_F32, push=True, kv=KVPairs(keys, values.tobytes(), lens))
 
 
+    def dense(self, key: int, values: np.ndarray | None) -> Message:
+        keys = np.array([key], np.uint64)
+        if values is None:
+            return self._message(DEFAULT_F32, pull=True, kv=KVPairs(keys, b"", np.zeros(0, np.int32)))
+        payload = values.tobytes()
+        return self._message(DEFAULT_F32, push=True, kv=KVPairs(keys, payload, np.array([len(payload)], np.int32)))
+
+
 def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     ids: set[int] = set()
     while len(ids) < batch:
@@ -62,7 +71,7 @@ def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
-def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int) -> dict:
+def start(optimizer: str):
     import mxnet  # only for the optimizer pickle a stock worker sends
     server = KVServer(0, 1, len(WORKERS))
     workers = [Worker(n) for n in WORKERS]
@@ -75,6 +84,28 @@ def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup
     opt = mxnet.optimizer.create(optimizer, learning_rate=0.01, **({"momentum": 0.9} if optimizer == "sgd" else {}))
     handle(workers[0].command(mx.SYNC_MODE, b""))
     handle(workers[0].command(mx.CONTROLLER, pickle.dumps(opt, 0)))
+    return server, workers, handle
+
+
+def run_dense(optimizer: str, shape: tuple[int, ...], steps: int, warmup: int) -> dict:
+    server, workers, handle = start(optimizer)
+    rng = np.random.default_rng(0)
+    handle(workers[0].dense(5, rng.standard_normal(shape).astype(np.float32)))
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in workers]
+    cpu = []
+    for step in range(warmup + steps):
+        t = time.process_time()
+        for w, grad in zip(workers, grads):
+            handle(w.dense(5, grad))
+        for w in workers:
+            handle(w.dense(5, None))
+        if step >= warmup:
+            cpu.append(time.process_time() - t)
+    return {"cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
+
+
+def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int) -> dict:
+    server, workers, handle = start(optimizer)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
@@ -100,6 +131,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=[1024, 8192])
     parser.add_argument("--optimizer", nargs="+", default=["sgd", "adam"])
+    parser.add_argument("--dense", nargs="*", default=["2x3", "1000x1000"], help="dense shapes (push+pull rounds)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
@@ -108,6 +140,11 @@ def main() -> None:
         for batch in args.batch:
             r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup)
             print(f"{optimizer:<10} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
+    print(f"\n{'optimizer':<10} {'dense':>10} {'CPU ms/round':>13} {'p50':>8}   (2 pushes + 2 pulls)")
+    for optimizer in args.optimizer:
+        for text in args.dense:
+            r = run_dense(optimizer, tuple(int(d) for d in text.split("x")), args.steps, args.warmup)
+            print(f"{optimizer:<10} {text:>10} {r['cpu_ms_per_step']:>13.2f} {r['cpu_ms_p50']:>8.2f}")
 
 
 if __name__ == "__main__":
