@@ -75,6 +75,7 @@ class DenseEntry:
     value: np.ndarray                        # in the key's dtype: what pulls return
     master: np.ndarray | None = None         # float32 master copy under multi-precision
     merged: np.ndarray | None = None
+    merge_buffer: np.ndarray | None = None   # reused for merged sums, round after round
     requests: list[Request] = field(default_factory=list)
     states: list[np.ndarray] | None = None   # optimizer states, created at the first update
     payload: bytes | None = None             # value.tobytes() for pull replies, shared until the next update
@@ -375,9 +376,11 @@ class KVServer:
         grad = recved.astype(np.float32) if entry.master is not None else recved
         if self.sync_mode:
             if not entry.requests:
-                entry.merged = grad              # never written in place: the 2nd push makes a new array
+                entry.merged = grad              # the message's buffer, never written: the 2nd push sums elsewhere
             elif len(entry.requests) == 1:
-                entry.merged = entry.merged + grad
+                if entry.merge_buffer is None or entry.merge_buffer.dtype != grad.dtype:
+                    entry.merge_buffer = np.empty_like(grad)
+                entry.merged = np.add(entry.merged, grad, out=entry.merge_buffer)
             else:
                 entry.merged += grad
             entry.requests.append(req)

@@ -20,6 +20,8 @@ from ..protocol.message import Message
 
 log = logging.getLogger(__name__)
 
+ZERO_COPY_MIN = 65536   # frames at least this large are sent and received without a copy
+
 
 class BindError(OSError):
     pass
@@ -79,18 +81,19 @@ class ZmqVan:
             return 0
         frames = message.to_frames()
         # Zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice).
-        sock.send_multipart(frames, copy=sum(len(f) for f in frames) < 65536)
+        sock.send_multipart(frames, copy=sum(len(f) for f in frames) < ZERO_COPY_MIN)
         sent = sum(len(f) for f in frames)
         self.bytes_sent += sent
         return sent
 
-    def recv(self, timeout_ms: int) -> list[bytes] | None:
+    def recv(self, timeout_ms: int) -> list[bytes | memoryview] | None:
         """One multipart message from the ROUTER (identity first), or None after `timeout_ms`."""
         if not dict(self.poller.poll(timeout_ms)):
             return None
-        frames = self.receiver.recv_multipart(copy=True)
+        frames = self.receiver.recv_multipart(copy=False)
         self.bytes_received += sum(len(f) for f in frames)
-        return frames
+        # large frames stay in ZeroMQ's buffer (a memoryview keeps it alive): no copy of pushed values
+        return [f.bytes if len(f) < ZERO_COPY_MIN else memoryview(f) for f in frames]
 
     def close(self) -> None:
         for node_id in list(self.senders):
