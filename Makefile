@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
-	@command -v ss >/dev/null || $(MAKE) system-deps
+	@command -v ss >/dev/null && command -v cc >/dev/null || $(MAKE) system-deps
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -31,9 +31,10 @@ test-cluster: venv system-deps
 test-docker:
 	bash scripts/docker_test.sh
 
+# iproute2 (ip, ss), util-linux (setpriv), and a C compiler for kvstore_lazy/store/kernels.c
 system-deps:
-	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux; }
+	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null && command -v cc >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux gcc libc6-dev; }
 
 test-unit: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests

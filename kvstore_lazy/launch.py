@@ -346,6 +346,34 @@ def describe_status(code: int) -> str:
     return f"exited with status {code}"
 
 
+class LineSink:
+    """Base for a Job's ``out`` that wants whole lines: subclasses implement :meth:`on_line`. Thread-safe (every
+    node's reader thread writes to it); text without a newline waits for the rest of its line, or for close()."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.buffer = ""
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            self.buffer += text
+            while "\n" in self.buffer:
+                line, self.buffer = self.buffer.split("\n", 1)
+                self.on_line(line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with self.lock:
+            if self.buffer:
+                self.on_line(self.buffer)
+                self.buffer = ""
+
+    def on_line(self, line: str) -> None:
+        raise NotImplementedError
+
+
 class Job:
     """Scheduler, servers and workers of one ps-lite job, wherever `placer` puts them (this machine by default).
 

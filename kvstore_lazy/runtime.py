@@ -53,7 +53,6 @@ from .protocol import ProtocolError
 from .protocol import mxnet as mx
 from .protocol.message import Message, decode_kv, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, Meta
-from .store import kernels
 from .server.core import KVServer, Request, node_name, restore_state, snapshot_state
 from .transport.zmq_van import ZmqVan
 
@@ -364,8 +363,6 @@ class ServerNode:
 
     def run(self) -> int:
         try:
-            # load every compiled kernel now (cached on disk: ~0.5 s), not inside the first requests that need them
-            kernels.warm_up()
             if self.config.recovery == "rejoin":
                 self.rejoin()
             else:

@@ -42,7 +42,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ sys.path.insert(0, str(WORKERS))
 
 import pngplot  # noqa: E402
 from common import read_results, row_stream  # noqa: E402
-from kvstore_lazy.launch import LocalJob  # noqa: E402
+from kvstore_lazy.launch import LineSink, LocalJob  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
@@ -137,29 +136,18 @@ STATS_SHUTDOWN = re.compile(r"^\[server (\d+)\] .*? INFO stats \(at shutdown\): 
 ERRORS = re.compile(r"(Error|error|Check failed|Traceback|exited with|deadline|Killed|Segmentation|terminate)")
 
 
-class Sink:
+class Sink(LineSink):
     """LocalJob's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
 
     def __init__(self, path: Path | None, verbose: bool) -> None:
+        super().__init__()
         self.fh = open(path, "w", buffering=1) if path is not None else None   # None: parse only
         self.verbose = verbose
-        self.buffer = ""
-        self.lock = threading.Lock()
         self.stats: dict[int, list[dict]] = {}
         self.shutdown: dict[int, dict[int, int]] = {}
         self.tail: list[str] = []
 
-    def write(self, text: str) -> None:
-        with self.lock:
-            self.buffer += text
-            while "\n" in self.buffer:
-                line, self.buffer = self.buffer.split("\n", 1)
-                self._line(line)
-
-    def flush(self) -> None:
-        pass
-
-    def _line(self, line: str) -> None:
+    def on_line(self, line: str) -> None:
         if self.fh is not None:
             self.fh.write(line + "\n")
         if self.verbose:
@@ -177,12 +165,9 @@ class Sink:
             self.tail = (self.tail + [line])[-12:]
 
     def close(self) -> None:
-        with self.lock:
-            if self.buffer:
-                self._line(self.buffer)
-                self.buffer = ""
-            if self.fh is not None:
-                self.fh.close()
+        super().close()
+        if self.fh is not None:
+            self.fh.close()
 
 
 @dataclass

@@ -19,7 +19,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvstore_lazy import metrics  # noqa: E402
-from kvstore_lazy.launch import LocalJob  # noqa: E402
+from kvstore_lazy.launch import LineSink, LocalJob  # noqa: E402
 
 WORKER = ROOT / "scripts" / "wide_deep.py"
 NUM_WORKERS = NUM_SERVERS = 2
@@ -57,34 +56,26 @@ def key_name(key: int) -> str:
     return f"key{key}"
 
 
-class Output:
+class Output(LineSink):
     """LocalJob's output sink: every line to <run>/job.log; to the console all but routine server lines (unless
     verbose); lazy servers' row counts condensed into one console line per stats round."""
 
     def __init__(self, log_path: Path, verbose: bool, num_servers: int) -> None:
+        super().__init__()
         self.log = open(log_path, "w", buffering=1)
         self.verbose = verbose
         self.num_servers = num_servers
-        self.lock = threading.Lock()
         self.round: dict[str, dict] = {}        # server -> its latest "stats: {json}" since the last summary
         self.latest: dict[str, dict] = {}       # server -> its latest "stats: {json}"
         self.shutdown: dict[str, dict[int, tuple[int, int]]] = {}   # server -> key -> (rows, bytes) at shutdown
-        self.buffer = ""
         self.on_init_done = None                # called when rank 0 reports its sparse init
         self.server_rss = None                  # () -> current RSS of the servers, summed
         self.stats_expected = False             # lazy servers log row counts when rank 0 asks
 
-    def write(self, text: str) -> None:
-        with self.lock:
-            self.buffer += text
-            while "\n" in self.buffer:
-                line, self.buffer = self.buffer.split("\n", 1)
-                self._line(line)
-
     def flush(self) -> None:
         sys.stdout.flush()
 
-    def _line(self, line: str) -> None:
+    def on_line(self, line: str) -> None:
         self.log.write(line + "\n")
         m = STATS_JSON.match(line)
         if m:
@@ -133,11 +124,8 @@ class Output:
         return rows
 
     def close(self) -> None:
-        with self.lock:
-            if self.buffer:
-                self._line(self.buffer)
-                self.buffer = ""
-            self.log.close()
+        super().close()
+        self.log.close()
 
 
 def run_job(kind: str, run_dir: Path, cfg: dict, args) -> dict:

@@ -29,8 +29,9 @@ SOCK="$RUN/docker.sock"
 PIDFILE="$RUN/dockerd.pid"
 PROJECT="kvltest"
 IMAGE="kvstore-lazy:test"
-BASE_IMAGE="kvstore-lazy-base:bookworm"
-INCLUDE="python3,python3-venv,libgomp1,libquadmath0,iproute2,ca-certificates"
+# gcc + libc6-dev build kvstore_lazy/store/kernels.c in the image
+INCLUDE="python3,python3-venv,libgomp1,libquadmath0,iproute2,ca-certificates,gcc,libc6-dev"
+BASE_IMAGE="kvstore-lazy-base:bookworm-$(echo "$INCLUDE" | md5sum | cut -c1-8)"
 COMPOSE_FILE="$ROOT/docker/docker-compose.yml"
 export DOCKER_HOST="unix://$SOCK" COMPOSE_PROJECT_NAME="$PROJECT" KVSTORE_LAZY_IMAGE="$IMAGE" DOCKER_BUILDKIT=0
 export COMPOSE_HTTP_TIMEOUT=120
@@ -153,7 +154,7 @@ fi
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3.11 || command -v python3)"
 pins=()
-for pkg in mxnet numpy pyzmq numba llvmlite; do
+for pkg in mxnet numpy pyzmq; do
     pin="$(grep -E "^$pkg==" "$ROOT/requirements.txt")" || die "no $pkg pin in requirements.txt"
     pins+=("$pin")
 done

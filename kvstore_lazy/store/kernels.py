@@ -1,183 +1,183 @@
-"""Compiled inner loops (numba) for the row store and the row_sparse update path.
+"""Compiled inner loops for the row store and the SGD/Adam updates: ``kernels.c``, built with the C compiler and
+called through ctypes.
 
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
 rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of two
-workers' row_sparse gradients, and the optimizer updates that read and write table rows in place.
+workers' row_sparse gradients, and the optimizer updates that read and write table rows in place. Float arithmetic
+follows the numpy reference in :mod:`kvstore_lazy.optimizers` operation by operation, and the library is built so
+that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths against MXNet).
 
-Float arithmetic: every scalar comes in as ``float32`` and every operation is written in the order of the numpy
-reference in :mod:`kvstore_lazy.optimizers` (itself the order of MXNet's kernels), without ``fastmath``, so LLVM
-neither reassociates nor fuses multiply-adds: results are bit-identical to the numpy path (tests pin this).
-
-Compiled on first use and cached on disk next to this file (``__pycache__``), or under ``NUMBA_CACHE_DIR``.
+Building. ``make venv`` (and the Docker image) runs ``python -m kvstore_lazy.store.kernels``, which compiles
+``kernels.c`` into ``_kernels-<hash of source and flags>.so`` beside it; a changed source gets a new name, so a
+stale library is never loaded. If that file is missing the first import builds it (next to the source if that
+directory is writable, else under ``$XDG_CACHE_HOME/kvstore_lazy``), with ``$CC`` or ``cc``. Concurrent builders
+each write a temporary file and rename it into place. A C library loaded with ctypes costs the server no memory to
+speak of (a JIT such as numba would add over 100 MB to every server's RSS).
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 import numpy as np
-from numba import njit
 
-_FOLD = np.uint64(31)
-_MULT = np.uint64(0xBF58476D1CE4E5B9)
+SOURCE = Path(__file__).with_name("kernels.c")
+CFLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
 
-
-@njit(cache=True, nogil=True)
-def index_lookup(table, keys, ids, shift, out):
-    """``out[i]`` = slot of ``ids[i]`` in the linear-probing ``table`` (slots, -1 empty; ``keys[slot]`` its id)."""
-    mask = len(table) - 1
-    for i in range(len(ids)):
-        x = ids[i]
-        pos = np.intp(((x >> _FOLD) ^ x) * _MULT >> shift)
-        while True:
-            slot = table[pos]
-            if slot < 0:
-                out[i] = -1
-                break
-            if keys[slot] == x:
-                out[i] = slot
-                break
-            pos = (pos + 1) & mask
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "index_lookup_i32": [_ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint, _ptr],
+    "index_lookup_i64": [_ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint, _ptr],
+    "index_place_i32": [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_uint],
+    "index_place_i64": [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_uint],
+    "merge_rows_f32": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
+    "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
+    "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
+}
+_RESTYPES = {"merge_rows_f32": _i64}
 
 
-@njit(cache=True, nogil=True)
-def index_place(table, ids, first_slot, shift):
+class KernelBuildError(ImportError):
+    """The C kernels could not be built (no C compiler?)."""
+
+
+def library_name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    return f"_kernels-{digest}.so"
+
+
+def _candidates() -> list[Path]:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvstore_lazy"
+    return [SOURCE.parent / library_name(), cache / library_name()]
+
+
+def build() -> Path:
+    """The compiled library: an existing one, else built now (next to the source if writable, else in the cache)."""
+    for path in _candidates():
+        if path.exists():
+            return path
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise KernelBuildError(f"kvstore_lazy needs a C compiler (cc or gcc, or $CC) once, to build {SOURCE}")
+    errors = []
+    for path in _candidates():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+            os.close(fd)
+        except OSError as exc:
+            errors.append(f"{path.parent}: {exc}")
+            continue
+        try:
+            try:
+                proc = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
+                                      text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise KernelBuildError(f"could not run the C compiler {compiler!r} to build {SOURCE}: {exc}") from None
+            if proc.returncode:
+                raise KernelBuildError(f"building {SOURCE} failed ({compiler}):\n{proc.stderr.strip()}")
+            os.replace(tmp, path)   # atomic: a concurrent builder's identical file may win, either is fine
+            return path
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise KernelBuildError(f"no writable place for the compiled kernels: {'; '.join(errors)}")
+
+
+def _load() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, _RESTYPES.get(name)
+    return lib
+
+
+_lib = _load()
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _check_slots(slots: np.ndarray, rows: int) -> None:
+    if len(slots) and (slots.min() < 0 or slots.max() >= rows):
+        raise IndexError(f"slot out of range [0, {rows})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hash index (callers: RowIndex, which keeps table/keys/ids in the types below)
+
+def index_lookup(table: np.ndarray, keys: np.ndarray, ids: np.ndarray, shift: int, out: np.ndarray) -> None:
+    """``out[i]`` = slot of ``ids[i]`` (uint64) in ``table`` (int32/int64, power-of-two long, -1 empty), or -1;
+    ``keys[slot]`` (uint64) is the id of a slot; ``out`` int64."""
+    ids = np.ascontiguousarray(ids, np.uint64)
+    fn = _lib.index_lookup_i32 if table.dtype == np.int32 else _lib.index_lookup_i64
+    fn(_addr(table), len(table) - 1, _addr(keys), _addr(ids), len(ids), int(shift), _addr(out))
+
+
+def index_place(table: np.ndarray, ids: np.ndarray, first_slot: int, shift: int) -> None:
     """Put slots ``first_slot + i`` for ``ids[i]`` (absent, unique) into the first empty bucket of each probe run."""
-    mask = len(table) - 1
-    for i in range(len(ids)):
-        x = ids[i]
-        pos = np.intp(((x >> _FOLD) ^ x) * _MULT >> shift)
-        while table[pos] >= 0:
-            pos = (pos + 1) & mask
-        table[pos] = first_slot + i
+    ids = np.ascontiguousarray(ids, np.uint64)
+    fn = _lib.index_place_i32 if table.dtype == np.int32 else _lib.index_place_i64
+    fn(_addr(table), len(table) - 1, _addr(ids), len(ids), int(first_slot), int(shift))
 
 
-@njit(cache=True, nogil=True)
-def merge_rows(ids_a, vals_a, ids_b, vals_b):
-    """Union of two sorted unique id lists; rows in both are summed as ``a + b``."""
-    n = 0
-    i = j = 0
-    while i < len(ids_a) or j < len(ids_b):
-        if j == len(ids_b) or (i < len(ids_a) and ids_a[i] < ids_b[j]):
-            i += 1
-        elif i == len(ids_a) or ids_b[j] < ids_a[i]:
-            j += 1
-        else:
-            i += 1
-            j += 1
-        n += 1
-    ids = np.empty(n, ids_a.dtype)
-    vals = np.empty((n, vals_a.shape[1]), vals_a.dtype)
-    i = j = k = 0
-    while k < n:
-        if j == len(ids_b) or (i < len(ids_a) and ids_a[i] < ids_b[j]):
-            ids[k] = ids_a[i]
-            vals[k] = vals_a[i]
-            i += 1
-        elif i == len(ids_a) or ids_b[j] < ids_a[i]:
-            ids[k] = ids_b[j]
-            vals[k] = vals_b[j]
-            j += 1
-        else:
-            ids[k] = ids_a[i]
-            for c in range(vals.shape[1]):
-                vals[k, c] = vals_a[i, c] + vals_b[j, c]
-            i += 1
-            j += 1
-        k += 1
-    return ids, vals
+# ---------------------------------------------------------------------------------------------------------------
+# row_sparse merge (caller: the server's dist_sync rounds)
+
+def merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
+               vals_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of two sorted unique int64 id lists with their rows; rows in both are summed as ``a + b``."""
+    ids_a, ids_b = np.ascontiguousarray(ids_a, np.int64), np.ascontiguousarray(ids_b, np.int64)
+    cols = vals_a.shape[1]
+    if vals_a.dtype != np.float32 or vals_b.dtype != np.float32 or vals_b.shape[1] != cols:
+        return _merge_rows_numpy(ids_a, vals_a, ids_b, vals_b)
+    vals_a, vals_b = np.ascontiguousarray(vals_a), np.ascontiguousarray(vals_b)
+    room = len(ids_a) + len(ids_b)
+    ids, vals = np.empty(room, np.int64), np.empty((room, cols), np.float32)
+    n = _lib.merge_rows_f32(_addr(ids_a), _addr(vals_a), len(ids_a), _addr(ids_b), _addr(vals_b), len(ids_b), cols,
+                            _addr(ids), _addr(vals))
+    return ids[:n], vals[:n]
 
 
-@njit(cache=True, nogil=True)
-def _step_term(g, lr, rescale, clip, lr_rescale):
-    """``lr * clip(rescale * g)``, or ``(lr * rescale) * g`` without clipping (clip < 0)."""
-    if clip >= 0:
-        v = rescale * g
-        if v > clip:
-            v = clip
-        elif v < -clip:
-            v = -clip
-        return lr * v
-    return lr_rescale * g
+def _merge_rows_numpy(ids_a, vals_a, ids_b, vals_b):
+    ids = np.union1d(ids_a, ids_b)
+    out = np.zeros((len(ids), vals_b.shape[1]), np.result_type(vals_a, vals_b))
+    out[np.searchsorted(ids, ids_a)] = vals_a
+    out[np.searchsorted(ids, ids_b)] += vals_b
+    return ids, out
 
 
-@njit(cache=True, nogil=True)
-def sgd_rows(weight, slots, grad, lr, wd, rescale, clip):
-    """SGD without momentum on rows ``slots`` of ``weight`` (sgd_update, SGDDnsRspKernel): w = (1 - lr wd) w - step."""
-    decay = np.float32(1) - lr * wd
-    lr_rescale = lr * rescale
-    for i in range(len(slots)):
-        s = slots[i]
-        for c in range(weight.shape[1]):
-            weight[s, c] = decay * weight[s, c] - _step_term(grad[i, c], lr, rescale, clip, lr_rescale)
+# ---------------------------------------------------------------------------------------------------------------
+# optimizer updates on table rows in place (callers: optimizers.SGD / Adam, which check float32 C-contiguous tables
+# and a (len(slots), cols) float32 gradient; scalars are the float32 kernel arguments)
+
+def sgd_rows(weight, slots, grad, lr, wd, rescale, clip) -> None:
+    """SGD without momentum (sgd_update, SGDDnsRspKernel) on rows ``slots`` of ``weight``; grad row i -> slots[i]."""
+    _check_slots(slots, len(weight))
+    _lib.sgd_rows(_addr(weight), _addr(slots), len(slots), _addr(grad), weight.shape[1], lr, wd, rescale, clip)
 
 
-@njit(cache=True, nogil=True)
-def sgd_mom_rows(weight, mom, slots, grad, lr, wd, rescale, clip, momentum, has_mom):
-    """SGD with momentum (SGDMomKernel / MultiSGD[Mom]Kernel): mom = m mom - lr wd w - step; w = w + mom.
-
-    Without ``has_mom`` (multi_sgd_update, dense SGD without momentum) the previous momentum is 0 and ``mom`` is
-    neither read nor written (pass any array of the right type, e.g. ``weight``).
-    """
-    lr_wd = lr * wd
-    lr_rescale = lr * rescale
-    for i in range(len(slots)):
-        s = slots[i]
-        for c in range(weight.shape[1]):
-            m = momentum * mom[s, c] if has_mom else np.float32(0)
-            m = m - lr_wd * weight[s, c]
-            m = m - _step_term(grad[i, c], lr, rescale, clip, lr_rescale)
-            if has_mom:
-                mom[s, c] = m
-            weight[s, c] = weight[s, c] + m
+def sgd_mom_rows(weight, mom, slots, grad, lr, wd, rescale, clip, momentum, has_mom) -> None:
+    """SGD with momentum (SGDMomKernel / MultiSGD[Mom]Kernel); without ``has_mom`` the previous momentum is 0 and
+    ``mom`` is not used (multi_sgd_update)."""
+    _check_slots(slots, len(weight))
+    _lib.sgd_mom_rows(_addr(weight), _addr(mom) if has_mom else None, _addr(slots), len(slots), _addr(grad),
+                      weight.shape[1], lr, wd, rescale, clip, momentum)
 
 
-@njit(cache=True, nogil=True)
-def adam_rows(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first):
+def adam_rows(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> None:
     """Adam (AdamUpdateKernel / AdamDnsRspDnsKernel); ``square_first``: (1 - b2) (g g), else ((1 - b2) g) g."""
-    one_m_beta1 = np.float32(1) - beta1
-    one_m_beta2 = np.float32(1) - beta2
-    for i in range(len(slots)):
-        s = slots[i]
-        for c in range(weight.shape[1]):
-            w = weight[s, c]
-            g = grad[i, c] * rescale + w * wd
-            if clip >= 0:
-                if g > clip:
-                    g = clip
-                elif g < -clip:
-                    g = -clip
-            m = beta1 * mean[s, c] + one_m_beta1 * g
-            if square_first:
-                v = beta2 * var[s, c] + one_m_beta2 * (g * g)
-            else:
-                v = beta2 * var[s, c] + (one_m_beta2 * g) * g
-            mean[s, c] = m
-            var[s, c] = v
-            weight[s, c] = w - (lr * m) / (np.sqrt(v) + eps)
-
-
-def warm_up() -> None:
-    """Compile (or load from the cache) every kernel for the argument types the server passes: int32 and int64
-    hash tables; gradients writable (merged) or read-only (straight from a message)."""
-    f32 = np.float32
-    ids = np.arange(1, 9, dtype=np.uint64)
-    for table_dtype in (np.int32, np.int64):
-        table = np.full(32, -1, table_dtype)
-        index_place(table, ids, 0, np.uint64(60))
-        index_lookup(table, ids.copy(), ids, np.uint64(60), np.empty(len(ids), np.int64))
-    rows, slots = np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64)
-    tables = [np.zeros((4, 2), f32) for _ in range(3)]
-    grad = np.ones((4, 2), f32)
-    readonly = np.frombuffer(grad.tobytes(), f32).reshape(4, 2)
-    one = f32(1)
-    for g in (grad, readonly):
-        merge_rows(rows, grad, rows, g)
-        sgd_rows(tables[0], slots, g, one, one, one, one)
-        sgd_mom_rows(tables[0], tables[1], slots, g, one, one, one, one, one, True)
-        adam_rows(tables[0], tables[1], tables[2], slots, g, one, one, one, one, one, one, one, True)
+    _check_slots(slots, len(weight))
+    _lib.adam_rows(_addr(weight), _addr(mean), _addr(var), _addr(slots), len(slots), _addr(grad), weight.shape[1],
+                   lr, wd, beta1, beta2, eps, rescale, clip, int(bool(square_first)))
 
 
 if __name__ == "__main__":
-    import time
-
-    start = time.perf_counter()
-    warm_up()
-    print(f"kvstore_lazy kernels compiled or loaded from the cache in {time.perf_counter() - start:.1f} s")
+    print(f"kvstore_lazy kernels: {build()}")

@@ -108,6 +108,18 @@ class Results:
             fh.write(json.dumps(record) + "\n")
 
 
+def stock_initial_weight(rank: int, shape: tuple[int, int]):
+    """What a stock user passes to kv.init for a row_sparse key: on rank 0 the full Uniform(0.07) weight as
+    row_sparse (timed: returned seconds), elsewhere an empty row_sparse array of the shape (only rank 0 pushes)."""
+    import mxnet as mx
+    if rank != 0:
+        return mx.nd.sparse.zeros("row_sparse", shape), 0.0
+    t = time.perf_counter()
+    value = mx.nd.random.uniform(-0.07, 0.07, shape=shape).tostype("row_sparse")
+    value.wait_to_read()
+    return value, time.perf_counter() - t
+
+
 def read_results(out: str, rank: int) -> list[dict]:
     path = Path(f"{out}.rank{rank}.jsonl")
     if not path.exists():

@@ -16,7 +16,7 @@ import time
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import Results, server_pids, servers_rss, tcp_bytes_sent  # noqa: E402
+from common import Results, server_pids, servers_rss, stock_initial_weight, tcp_bytes_sent  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -42,13 +42,7 @@ for index, item in enumerate(args.keys.split(",")):
     shape, key = (rows, dim), 10 + index
     build = 0.0
     if args.server == "stock":
-        if rank == 0:
-            t = time.perf_counter()
-            value = mx.nd.random.uniform(-0.07, 0.07, shape=shape).tostype("row_sparse")
-            value.wait_to_read()
-            build = time.perf_counter() - t
-        else:
-            value = mx.nd.sparse.zeros("row_sparse", shape)
+        value, build = stock_initial_weight(rank, shape)
     kv._barrier()
     before = servers_rss(pids) if rank == 0 else None
     sent = tcp_bytes_sent()

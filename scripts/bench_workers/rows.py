@@ -18,7 +18,8 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import Results, row_stream, server_pids, servers_cpu, servers_rss, tcp_bytes_sent  # noqa: E402
+from common import (Results, row_stream, server_pids, servers_cpu, servers_rss,  # noqa: E402
+                    stock_initial_weight, tcp_bytes_sent)
 from kvstore_lazy.worker import init_lazy, stats  # noqa: E402  (common puts the repo on sys.path)
 
 p = argparse.ArgumentParser()
@@ -50,16 +51,7 @@ if rank == 0:
 
 # ---- init
 init = mx.init.Uniform(0.07)
-build = 0.0
-if args.server == "lazy":
-    value = None
-elif rank == 0:
-    t = time.perf_counter()
-    value = mx.nd.random.uniform(-0.07, 0.07, shape=shape).tostype("row_sparse")
-    value.wait_to_read()
-    build = time.perf_counter() - t
-else:
-    value = mx.nd.sparse.zeros("row_sparse", shape)
+value, build = (None, 0.0) if args.server == "lazy" else stock_initial_weight(rank, shape)
 kv._barrier()
 sent = tcp_bytes_sent()
 t = time.perf_counter()

@@ -7,10 +7,8 @@ Trains steps [--start, --stop) of a fixed per-rank batch sequence (so a run spli
 can be compared with an uninterrupted one). Results go to <out>.rank<r>.npz: the rows each rank fed, the peak RSS,
 and (rank 0, --save) what mx.nd.load reads back from the checkpoint.
 """
-import argparse
 import os
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
@@ -19,34 +17,18 @@ from mxnet.gluon import nn
 from mxnet.gluon.contrib.nn import SparseEmbedding
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import save  # noqa: E402
+from common_train import CATEGORIES, connect, finish_lazy, lazy_parser, optimizer_params, read_back  # noqa: E402
 
-CATEGORIES = [3, 31337, 99998]   # the 3 values the categorical feature takes (all < the smallest input_dim used)
-
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", default="dist_sync")
-p.add_argument("--input-dim", type=int, default=100000)
-p.add_argument("--dim", type=int, default=8)
-p.add_argument("--optimizer", default="sgd", help="sgd (momentum) | adam")
+p = lazy_parser(batch=32)
 p.add_argument("--steps", type=int, default=8, help="length of the batch sequence")
 p.add_argument("--start", type=int, default=0)
 p.add_argument("--stop", type=int, default=None)
-p.add_argument("--batch", type=int, default=32)
 p.add_argument("--load", help="checkpoint prefix to restore from (<prefix>.params, <prefix>.states)")
 p.add_argument("--save", help="checkpoint prefix rank 0 writes at the end")
-p.add_argument("--no-states", action="store_true", help="skip save_states (stock mxnet refuses it on dist)")
-p.add_argument("--linger", action="store_true", help="after saving, wait to be killed (a crash, not an exit)")
-p.add_argument("--constant-init", action="store_true",
-               help="Constant(0.05) for both embeddings: no random draws for them, so a stock and a lazy run start "
-                    "from the same weights (the Dense layers draw the same Xavier values)")
 args = p.parse_args()
 stop = args.steps if args.stop is None else args.stop
 
-kv = mx.kv.create(args.mode)
-rank, nw = kv.rank, kv.num_workers
-mx.random.seed(42)
-np.random.seed(42)
+kv, rank, nw = connect(args.mode)
 categories = [c % args.input_dim for c in CATEGORIES]
 
 
@@ -71,11 +53,7 @@ net.initialize(mx.init.Xavier(magnitude=2.0))   # the ids embedding has no initi
 if args.load:
     net.load_parameters(args.load + ".params")
 params = net.collect_params()
-opt_params = {"rescale_grad": 1.0 / (args.batch * nw)}
-if args.optimizer == "sgd":
-    opt_params.update(learning_rate=0.5, momentum=0.9, wd=1e-3)
-else:
-    opt_params.update(learning_rate=0.05, wd=1e-4)
+opt_params = optimizer_params(args.optimizer, args.batch, nw)
 trainer = gluon.Trainer(params, args.optimizer, opt_params, kvstore=kv)
 if args.load and os.path.exists(args.load + ".states"):
     trainer.load_states(args.load + ".states")   # every worker (it is collective, as kv.init is)
@@ -105,21 +83,7 @@ if args.save and rank == 0:
     net.save_parameters(args.save + ".params")
     if not args.no_states:
         trainer.save_states(args.save + ".states")
-    loaded = mx.nd.load(args.save + ".params")
-    for name, value in loaded.items():
-        results[f"ckpt_stype_{name}"] = np.array(value.stype)
-        if value.stype == "row_sparse":
-            results[f"ckpt_indices_{name}"] = value.indices.asnumpy()
-            results[f"ckpt_data_{name}"] = value.data.asnumpy()
-        else:
-            results[f"ckpt_value_{name}"] = value.asnumpy()
+    read_back(args.save + ".params", results)
     # what this process holds of each embedding: no full weight anywhere
     results["local_rows_cat"] = np.array(params["net_cat_weight"]._data[0].indices.shape[0])
-kv._barrier()
-with open("/proc/self/status") as fh:
-    results["vmhwm_kb"] = np.array(next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")))
-results["kvstore_lazy_imported"] = np.array("kvstore_lazy.integration" in sys.modules)
-save(args.out, rank, results)
-print("worker", rank, "done; VmHWM", int(results["vmhwm_kb"]), "kB", flush=True)
-if args.linger:
-    time.sleep(600)
+finish_lazy(kv, args.out, results, args.linger)

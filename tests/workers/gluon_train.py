@@ -6,7 +6,6 @@ In dist_async the workers take turns (rank 0 trains a step, waits for its pushes
 trains a step, ...), so the order in which the server applies updates is fixed and two runs can be compared.
 Results (initial and final parameters, per-step losses and weights) go to <out>.rank<r>.npz.
 """
-import argparse
 import os
 import sys
 
@@ -17,28 +16,17 @@ from mxnet.gluon import nn
 from mxnet.gluon.contrib.nn import SparseEmbedding
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import save  # noqa: E402
+from common_train import connect, finish_train, optimizer_params, train_parser, train_steps  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", default="dist_sync")
+p = train_parser()
 p.add_argument("--embedding", default="sparse", help="sparse (SparseEmbedding, row_sparse weight) | "
                                                      "sparse_grad (nn.Embedding(sparse_grad=True), dense weight)")
-p.add_argument("--optimizer", default="sgd", help="sgd (momentum) | adam")
-p.add_argument("--steps", type=int, default=6)
 p.add_argument("--vocab", type=int, default=500)   # 500 x 16 = 8000 elements: partitioned when the bound is 1000
-p.add_argument("--dim", type=int, default=16)
-p.add_argument("--hidden", type=int, default=80)   # 80 x 16 = 1280 elements: partitioned too
-p.add_argument("--batch", type=int, default=16)
 p.add_argument("--seq", type=int, default=4)
 args = p.parse_args()
 
-kv = mx.kv.create(args.mode)
-rank, nw = kv.rank, kv.num_workers
-turns = "async" in args.mode
+kv, rank, nw = connect(args.mode)
 ctx = mx.cpu()
-mx.random.seed(42)
-np.random.seed(42)
 
 
 class Net(gluon.Block):
@@ -65,13 +53,7 @@ emb_name = "net_sparseembedding0_weight" if args.embedding == "sparse" else "net
 assert emb_name in names, names
 sparse_weight = args.embedding == "sparse"
 
-opt_params = {"rescale_grad": 1.0 / (args.batch * nw)}   # set up front; step(1) keeps it (see trainer.step)
-if args.optimizer == "sgd":
-    opt_params.update(learning_rate=0.5, momentum=0.9, wd=1e-3)
-elif args.optimizer == "adam":
-    opt_params.update(learning_rate=0.05, wd=1e-4)
-else:
-    raise SystemExit(f"unknown optimizer {args.optimizer}")
+opt_params = optimizer_params(args.optimizer, args.batch, nw)
 trainer = gluon.Trainer(params, args.optimizer, opt_params, kvstore=kv)
 assert trainer._kvstore is None  # created lazily, below, on every rank at the same point
 
@@ -123,23 +105,5 @@ def train_step(step):
     results[f"fc1_local_{step}"] = params["net_dense0_weight"].data().asnumpy()
 
 
-for step in range(args.steps):
-    if not turns:
-        train_step(step)
-        continue
-    for turn in range(nw):
-        if turn == rank:
-            # what the servers hold right before and right after this rank's step: the test checks that one
-            # rank's "after" is the next rank's "before", i.e. the servers applied the steps in turn order
-            results.update(weights(f"before{step}_"))
-            train_step(step)
-            mx.nd.waitall()   # every push and pushpull of this step answered by the servers
-            results.update(weights(f"after{step}_"))
-        kv._barrier()
-
-mx.nd.waitall()
-kv._barrier()
-results.update(weights("final_"))
-kv._barrier()   # nobody exits (and stops the servers) while another rank still pulls
-save(args.out, rank, results)
-print("worker", rank, "done", flush=True)
+train_steps(kv, args.mode, args.steps, train_step, weights, results)
+finish_train(kv, args.out, results)

@@ -8,44 +8,26 @@ KVSTORE_LAZY=1 the weights are lazy.
 Epochs [--begin, --end) of the same per-rank batches. Results go to <out>.rank<r>.npz: the rows each rank fed, the
 peak RSS, and (rank 0) what mx.nd.load reads back from the last checkpoint.
 """
-import argparse
 import logging
 import os
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import save  # noqa: E402
+from common_train import CATEGORIES, connect, finish_lazy, lazy_parser, optimizer_params, read_back  # noqa: E402
 
-CATEGORIES = [3, 31337, 99998]
-
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", default="dist_sync")
-p.add_argument("--input-dim", type=int, default=100000)
-p.add_argument("--dim", type=int, default=8)
-p.add_argument("--optimizer", default="sgd", help="sgd (momentum) | adam")
+p = lazy_parser(batch=16)
 p.add_argument("--batches", type=int, default=3, help="batches per epoch")
-p.add_argument("--batch", type=int, default=16)
 p.add_argument("--begin", type=int, default=0)
 p.add_argument("--end", type=int, default=3)
 p.add_argument("--prefix", required=True, help="checkpoint prefix (rank 0 writes <prefix>-<epoch>.params ...)")
 p.add_argument("--resume", help="checkpoint prefix to Module.load(resume, begin, load_optimizer_states=True) from")
-p.add_argument("--linger", action="store_true", help="after saving, wait to be killed (a crash, not an exit)")
-p.add_argument("--no-states", action="store_true", help="skip optimizer states (stock mxnet refuses them on dist)")
-p.add_argument("--constant-init", action="store_true",
-               help="Constant(0.05) for both sparse weights (their __init__ attribute): no random draws for them, so "
-                    "a stock and a lazy run start from the same weights")
 args = p.parse_args()
 logging.basicConfig(level=logging.INFO)
 
-kv = mx.kv.create(args.mode)
-rank, nw = kv.rank, kv.num_workers
-mx.random.seed(42)
-np.random.seed(42)
+kv, rank, nw = connect(args.mode)
 categories = [c % args.input_dim for c in CATEGORIES]
 n = args.batches * args.batch
 
@@ -113,11 +95,7 @@ else:
     net = mx.sym.LinearRegressionOutput(out, mx.sym.Variable("label"), name="out")
     mod = mx.mod.Module(net, data_names=["cat", "ids"], label_names=["label"], context=mx.cpu())
 
-opt_params = {"rescale_grad": 1.0 / (args.batch * nw)}
-if args.optimizer == "sgd":
-    opt_params.update(learning_rate=0.5, momentum=0.9, wd=1e-3)
-else:
-    opt_params.update(learning_rate=0.05, wd=1e-4)
+opt_params = optimizer_params(args.optimizer, args.batch, nw)
 
 
 def row_ids(batch):
@@ -133,18 +111,5 @@ kv._barrier()
 results = {"cat_rows": np.unique(cat_cols).astype(np.int64), "ids_rows": np.unique(indices).astype(np.int64)}
 if rank == 0:
     mod.save_checkpoint(args.prefix, args.end, save_optimizer_states=not args.no_states)
-    for name, value in mx.nd.load("%s-%04d.params" % (args.prefix, args.end)).items():
-        results[f"ckpt_stype_{name}"] = np.array(value.stype)
-        if value.stype == "row_sparse":
-            results[f"ckpt_indices_{name}"] = value.indices.asnumpy()
-            results[f"ckpt_data_{name}"] = value.data.asnumpy()
-        else:
-            results[f"ckpt_value_{name}"] = value.asnumpy()
-kv._barrier()
-with open("/proc/self/status") as fh:
-    results["vmhwm_kb"] = np.array(next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")))
-results["kvstore_lazy_imported"] = np.array("kvstore_lazy.integration" in sys.modules)
-save(args.out, rank, results)
-print("worker", rank, "done; VmHWM", int(results["vmhwm_kb"]), "kB", flush=True)
-if args.linger:
-    time.sleep(600)
+    read_back("%s-%04d.params" % (args.prefix, args.end), results)
+finish_lazy(kv, args.out, results, args.linger)

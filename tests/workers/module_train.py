@@ -7,7 +7,6 @@ In dist_async the workers take turns (rank 0 trains a batch, waits for its pushe
 trains a batch, ...), so the order in which the server applies updates is fixed and two runs can be compared.
 Results (initial and final parameters, get_params(), per-step losses) go to <out>.rank<r>.npz.
 """
-import argparse
 import os
 import sys
 
@@ -15,25 +14,14 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import save  # noqa: E402
+from common_train import connect, finish_train, optimizer_params, train_parser, train_steps  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", default="dist_sync")
-p.add_argument("--optimizer", default="sgd", help="sgd (momentum) | adam")
-p.add_argument("--steps", type=int, default=6)
+p = train_parser()
 p.add_argument("--features", type=int, default=400)   # 400 x 16 = 6400 elements: partitioned when the bound is 1000
-p.add_argument("--dim", type=int, default=16)
-p.add_argument("--hidden", type=int, default=80)      # 80 x 16 = 1280 elements: partitioned too
-p.add_argument("--batch", type=int, default=16)
 p.add_argument("--nnz", type=int, default=6, help="non-zeros per csr row")
 args = p.parse_args()
 
-kv = mx.kv.create(args.mode)
-rank, nw = kv.rank, kv.num_workers
-turns = "async" in args.mode
-mx.random.seed(42)
-np.random.seed(42)
+kv, rank, nw = connect(args.mode)
 
 data = mx.sym.Variable("data", stype="csr")
 label = mx.sym.Variable("label")
@@ -67,13 +55,7 @@ batches = [make_batch() for _ in range(args.steps)]
 mod = mx.mod.Module(net, data_names=["data"], label_names=["label"], context=mx.cpu())
 mod.bind(data_shapes=[("data", (args.batch, args.features))], label_shapes=[("label", (args.batch, 1))])
 mod.init_params(initializer=mx.init.Xavier(magnitude=2.0))
-opt_params = {"rescale_grad": 1.0 / (args.batch * nw)}
-if args.optimizer == "sgd":
-    opt_params.update(learning_rate=0.5, momentum=0.9, wd=1e-3)
-elif args.optimizer == "adam":
-    opt_params.update(learning_rate=0.05, wd=1e-4)
-else:
-    raise SystemExit(f"unknown optimizer {args.optimizer}")
+opt_params = optimizer_params(args.optimizer, args.batch, nw)
 # every rank: set_optimizer, then kv.init (row_sparse emb_weight) / kv.broadcast (dense), with their barriers
 mod.init_optimizer(kvstore=kv, optimizer=args.optimizer, optimizer_params=opt_params)
 assert mod._update_on_kvstore and mod._kvstore is kv
@@ -116,27 +98,9 @@ def train_step(step):
     results[f"pred_{step}"] = pred
 
 
-for step in range(args.steps):
-    if not turns:
-        train_step(step)
-        continue
-    for turn in range(nw):
-        if turn == rank:
-            # what the servers hold right before and right after this rank's step: the test checks that one
-            # rank's "after" is the next rank's "before", i.e. the servers applied the steps in turn order
-            results.update(weights(f"before{step}_"))
-            train_step(step)
-            mx.nd.waitall()   # every push and pushpull of this step answered by the servers
-            results.update(weights(f"after{step}_"))
-        kv._barrier()
-
-mx.nd.waitall()
-kv._barrier()
-results.update(weights("final_"))
+train_steps(kv, args.mode, args.steps, train_step, weights, results)
 # Module's own view: dense params as this rank's last pushpull returned them, emb_weight pulled with all its rows
 arg_params, _ = mod.get_params()
 for name in arg_names:
     results["getparams_" + name] = arg_params[name].asnumpy()
-kv._barrier()   # nobody exits (and stops the servers) while another rank still pulls
-save(args.out, rank, results)
-print("worker", rank, "done", flush=True)
+finish_train(kv, args.out, results)
