@@ -28,6 +28,8 @@ def test_build_compiles_a_fresh_copy_into_its_directory(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("_kernels")] == [path.name]  # no temp files left
     source.write_text(source.read_text() + "\n/* changed */\n")
     assert kernels.library_name() != path.name           # another source is another library, never a stale one
+    rebuilt = kernels.build()
+    assert rebuilt != path and rebuilt.exists() and not path.exists()   # and the stale one is cleaned up
 
 
 @pytest.mark.parametrize("cc", ["/nonexistent/cc", "false"])

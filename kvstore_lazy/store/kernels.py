@@ -83,6 +83,9 @@ def build() -> Path:
             if proc.returncode:
                 raise KernelBuildError(f"building {SOURCE} failed ({compiler}):\n{proc.stderr.strip()}")
             os.replace(tmp, path)   # atomic: a concurrent builder's identical file may win, either is fine
+            for stale in path.parent.glob("_kernels-*.so"):   # builds of earlier sources (unlinking is safe even
+                if stale.name != path.name:                     # if a running process still has one loaded)
+                    stale.unlink(missing_ok=True)
             return path
         finally:
             if os.path.exists(tmp):
