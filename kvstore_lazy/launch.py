@@ -766,7 +766,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     job.say(f"{job.num_workers} workers, {job.num_servers} {args.server} servers ({args.launcher}): "
             f"{shlex.join(args.command)}")
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a launcher started in the background of a non-interactive shell inherits SIGINT ignored, and an
+    # explicit `kill -INT` must still stop the job
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         job.start()
         code = job.supervise(args.timeout)

@@ -308,30 +308,45 @@ def test_abort_after_the_scheduler_finished_is_a_warning(tmp_path):
     assert_all_gone(job)
 
 
-def run_cli(tmp_path, extra: list[str], worker: list[str]) -> subprocess.Popen:
+def run_cli(tmp_path, extra: list[str], worker: list[str], preexec_fn=None) -> subprocess.Popen:
     return subprocess.Popen([PY, "-m", "kvstore_lazy.launch", "-n", "2", "-s", "1",
                              "--scheduler-command", shlex.join(SLEEP), "--server-command", shlex.join(SLEEP)]
                             + extra + worker, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, STUB_DIR=str(tmp_path),
-                                                PYTHONPATH=str(ROOT)), start_new_session=True)
+                                                PYTHONPATH=str(ROOT)), start_new_session=True,
+                            preexec_fn=preexec_fn)
 
 
 def started_pids(line: str) -> list[int]:
     return [int(w.rstrip(",")) for w in line.split("pid ")[1:] for w in [w.split()[0]]]
 
 
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_interrupt_stops_every_process(tmp_path, sig):
-    proc = run_cli(tmp_path, [], SLEEP)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "started 1 servers and 2 workers" in line:
-            break
-    pids = started_pids(lines[-1])
-    assert len(pids) == 4
-    os.kill(proc.pid, sig)
-    rest, _ = proc.communicate(timeout=30)
+def test_cli_interrupt_stops_every_process(tmp_path, sig, inherited):
+    """Also when the launcher inherits SIGINT ignored, as a background job of a non-interactive shell does."""
+    disposition = signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL
+    proc = run_cli(tmp_path, [], SLEEP, preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
+    pids = []
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "started 1 servers and 2 workers" in line:
+                break
+        pids = started_pids(lines[-1])
+        assert len(pids) == 4
+        os.kill(proc.pid, sig)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:   # the test failed: end the launcher and what it started, by PID
+            proc.kill()
+            proc.communicate(timeout=30)
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert proc.returncode == 128 + sig
     assert f"interrupted ({signal.Signals(sig).name}); stopping every process" in rest
     for pid in pids:
