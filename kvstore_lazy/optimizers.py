@@ -311,10 +311,11 @@ def _fusable(weight, states, slots, grad):
     """Arrays a compiled row kernel takes: float32 2-D C-contiguous tables, one grad row per int64 slot."""
     tables = [weight, *states]
     return (all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.ndim == 2 and a.flags.c_contiguous
-                and a.shape == weight.shape for a in tables)
+                and a.flags.writeable and a.shape == weight.shape for a in tables)
             and isinstance(grad, np.ndarray) and grad.dtype == _f32 and grad.flags.c_contiguous
             and grad.shape == (len(slots), weight.shape[1])
-            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1)
+            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
+            and slots.flags.c_contiguous)
 
 
 _ROW0 = np.zeros(1, np.int64)
@@ -326,7 +327,7 @@ def _as_one_row(weight, grad, states):
     dtype promotion)."""
     arrays = [weight, grad, *states]
     if not all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.flags.c_contiguous and a.shape == weight.shape
-               for a in arrays):
+               for a in arrays) or not all(a.flags.writeable for a in (weight, *states)):
         return None
     w, g, *s = [a.reshape(1, -1) for a in arrays]
     return w, s, _ROW0, g

@@ -42,7 +42,8 @@ static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id
 INDEX_KERNELS(int32_t, i32)
 INDEX_KERNELS(int64_t, i64)
 
-/* Union of two sorted unique id lists with their rows (cols floats each); rows in both are summed as a + b.
+/* Union of two sorted unique id lists with their rows (cols floats each); rows in both are summed as a + b. As the
+ * numpy merge did (zeros, a assigned, b added): rows only in a are copied, rows only in b are 0 + b (-0.0 -> +0.0).
  * ids/vals have room for na + nb rows; returns the number written. */
 int64_t merge_rows_f32(const int64_t *ids_a, const float *a, int64_t na, const int64_t *ids_b, const float *b,
                        int64_t nb, int64_t cols, int64_t *ids, float *vals) {
@@ -55,7 +56,7 @@ int64_t merge_rows_f32(const int64_t *ids_a, const float *a, int64_t na, const i
             i++;
         } else if (i == na || ids_b[j] < ids_a[i]) {
             ids[k] = ids_b[j];
-            memcpy(vals + k * cols, b + j * cols, row);
+            for (int64_t c = 0; c < cols; c++) vals[k * cols + c] = 0.0f + b[j * cols + c];
             j++;
         } else {
             ids[k] = ids_a[i];

@@ -82,10 +82,12 @@ def build() -> Path:
                 raise KernelBuildError(f"could not run the C compiler {compiler!r} to build {SOURCE}: {exc}") from None
             if proc.returncode:
                 raise KernelBuildError(f"building {SOURCE} failed ({compiler}):\n{proc.stderr.strip()}")
+            os.chmod(tmp, 0o755)    # mkstemp made it 0600: other users of this install must be able to load it
             os.replace(tmp, path)   # atomic: a concurrent builder's identical file may win, either is fine
-            for stale in path.parent.glob("_kernels-*.so"):   # builds of earlier sources (unlinking is safe even
-                if stale.name != path.name:                     # if a running process still has one loaded)
-                    stale.unlink(missing_ok=True)
+            if path.parent == SOURCE.parent:   # builds of earlier sources beside this one (not in the shared cache,
+                for stale in path.parent.glob("_kernels-*.so"):   # which other installs use; unlinking is safe
+                    if stale.name != path.name:                   # even if a running process has one loaded)
+                        stale.unlink(missing_ok=True)
             return path
         finally:
             if os.path.exists(tmp):
@@ -108,9 +110,19 @@ def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _check_slots(slots: np.ndarray, rows: int) -> None:
-    if len(slots) and (slots.min() < 0 or slots.max() >= rows):
-        raise IndexError(f"slot out of range [0, {rows})")
+def _checked(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> np.ndarray:
+    """The slots as contiguous int64 after checking everything the C loops rely on (they index raw memory): float32
+    C-contiguous writable 2-D tables of one shape, a (len(slots), cols) float32 C-contiguous gradient, slots in range."""
+    slots = np.ascontiguousarray(slots, np.int64)
+    for a in (weight, *tables):
+        if not (a.dtype == np.float32 and a.ndim == 2 and a.flags.c_contiguous and a.flags.writeable
+                and a.shape == weight.shape):
+            raise ValueError("tables must be writable float32 C-contiguous 2-D arrays of one shape")
+    if not (grad.dtype == np.float32 and grad.flags.c_contiguous and grad.shape == (len(slots), weight.shape[1])):
+        raise ValueError(f"grad must be float32 C-contiguous of shape {(len(slots), weight.shape[1])}")
+    if len(slots) and (slots.min() < 0 or slots.max() >= len(weight)):
+        raise IndexError(f"slot out of range [0, {len(weight)})")
+    return slots
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,21 +175,21 @@ def _merge_rows_numpy(ids_a, vals_a, ids_b, vals_b):
 
 def sgd_rows(weight, slots, grad, lr, wd, rescale, clip) -> None:
     """SGD without momentum (sgd_update, SGDDnsRspKernel) on rows ``slots`` of ``weight``; grad row i -> slots[i]."""
-    _check_slots(slots, len(weight))
+    slots = _checked(weight, [], slots, grad)
     _lib.sgd_rows(_addr(weight), _addr(slots), len(slots), _addr(grad), weight.shape[1], lr, wd, rescale, clip)
 
 
 def sgd_mom_rows(weight, mom, slots, grad, lr, wd, rescale, clip, momentum, has_mom) -> None:
     """SGD with momentum (SGDMomKernel / MultiSGD[Mom]Kernel); without ``has_mom`` the previous momentum is 0 and
     ``mom`` is not used (multi_sgd_update)."""
-    _check_slots(slots, len(weight))
+    slots = _checked(weight, [mom] if has_mom else [], slots, grad)
     _lib.sgd_mom_rows(_addr(weight), _addr(mom) if has_mom else None, _addr(slots), len(slots), _addr(grad),
                       weight.shape[1], lr, wd, rescale, clip, momentum)
 
 
 def adam_rows(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> None:
     """Adam (AdamUpdateKernel / AdamDnsRspDnsKernel); ``square_first``: (1 - b2) (g g), else ((1 - b2) g) g."""
-    _check_slots(slots, len(weight))
+    slots = _checked(weight, [mean, var], slots, grad)
     _lib.adam_rows(_addr(weight), _addr(mean), _addr(var), _addr(slots), len(slots), _addr(grad), weight.shape[1],
                    lr, wd, beta1, beta2, eps, rescale, clip, int(bool(square_first)))
 
