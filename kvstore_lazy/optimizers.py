@@ -307,30 +307,18 @@ class Optimizer:
         raise NotImplementedError
 
 
-def _fusable(weight, states, slots, grad):
-    """Arrays a compiled row kernel takes: float32 2-D C-contiguous tables, one grad row per int64 slot."""
-    tables = [weight, *states]
-    return (all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.ndim == 2 and a.flags.c_contiguous
-                and a.flags.writeable and a.shape == weight.shape for a in tables)
-            and isinstance(grad, np.ndarray) and grad.dtype == _f32 and grad.flags.c_contiguous
-            and grad.shape == (len(slots), weight.shape[1])
-            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
-            and slots.flags.c_contiguous)
-
-
 _ROW0 = np.zeros(1, np.int64)
 
 
 def _as_one_row(weight, grad, states):
     """``(weight, states, slots, grad)`` as one-row 2-D views for the compiled kernels (``slots`` = row 0), or None
-    when some array isn't float32, C-contiguous and of the weight's shape (e.g. float16: the numpy path keeps its
-    dtype promotion)."""
+    when the kernels can't take them (e.g. float16: the numpy path keeps its dtype promotion). Only C-contiguous
+    arrays are reshaped: a reshaped copy would be updated instead of the array."""
     arrays = [weight, grad, *states]
-    if not all(isinstance(a, np.ndarray) and a.dtype == _f32 and a.flags.c_contiguous and a.shape == weight.shape
-               for a in arrays) or not all(a.flags.writeable for a in (weight, *states)):
+    if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.shape == weight.shape for a in arrays):
         return None
     w, g, *s = [a.reshape(1, -1) for a in arrays]
-    return w, s, _ROW0, g
+    return (w, s, _ROW0, g) if kernels.accepts(w, s, _ROW0, g) else None
 
 
 def _sgd_step_term(lr, rescale, clip, grad):
@@ -363,7 +351,7 @@ class SGD(Optimizer):
         return to_f32(lr), to_f32(wd), _op_f32(self.rescale_grad), self._clip_param(), momentum
 
     def update_rows(self, key, weight, states, slots, grad):
-        if not _fusable(weight, states, slots, grad):
+        if not kernels.accepts(weight, states, slots, grad):
             return False
         self._kernel(self._scalars(key, True), weight, states, slots, grad, True)
         return True
@@ -460,7 +448,7 @@ class Adam(Optimizer):
                 self._clip_param())
 
     def update_rows(self, key, weight, states, slots, grad):
-        if not _fusable(weight, states, slots, grad):
+        if not kernels.accepts(weight, states, slots, grad):
             return False
         self._kernel(self._scalars(key), weight, states, slots, grad, True)
         return True

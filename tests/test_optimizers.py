@@ -111,8 +111,7 @@ def code_path(request, monkeypatch):
     """SGD/Adam run float32 arrays through the C kernels; 'numpy' forces their numpy expressions (what other dtypes
     take), so both stay pinned to MXNet."""
     if request.param == 'numpy':
-        monkeypatch.setattr(optimizers, '_as_one_row', lambda weight, grad, states: None)
-        monkeypatch.setattr(optimizers, '_fusable', lambda weight, states, slots, grad: False)
+        monkeypatch.setattr(optimizers.kernels, 'accepts', lambda weight, tables, slots, grad: False)
     return request.param
 
 

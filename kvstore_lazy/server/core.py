@@ -728,7 +728,8 @@ class KVServer:
             if not entry.requests:
                 entry.merged_ids, entry.merged_vals = row_ids.copy(), grad.copy()
             elif len(row_ids):
-                entry.merged_ids, entry.merged_vals = _merge_rows(entry.merged_ids, entry.merged_vals, row_ids, grad)
+                entry.merged_ids, entry.merged_vals = kernels.merge_rows(entry.merged_ids, entry.merged_vals, row_ids,
+                                                                         grad)
             entry.requests.append(req)
             if len(entry.requests) < self.num_workers:
                 return []
@@ -888,14 +889,6 @@ def _check_runs(optimizer: Optimizer) -> None:
                              row_sparse=row_sparse)
         except Exception as exc:
             raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None
-
-
-def _merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
-                vals_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-sparse elementwise add (union of rows, overlapping rows summed as a + b); both inputs sorted and unique."""
-    if not len(ids_a) or not len(ids_b):
-        return (ids_b.copy(), vals_b.copy()) if len(ids_b) else (ids_a.copy(), vals_a.copy())
-    return kernels.merge_rows(ids_a, np.ascontiguousarray(vals_a), ids_b, np.ascontiguousarray(vals_b))
 
 
 def _retyped(table: RowTable, dtype) -> RowTable:

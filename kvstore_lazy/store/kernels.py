@@ -110,16 +110,23 @@ def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
+def accepts(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> bool:
+    """Whether the update kernels take these arrays (they index raw memory): writable float32 C-contiguous 2-D tables
+    of one shape, contiguous int64 slots, a float32 C-contiguous (len(slots), cols) gradient."""
+    return (all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.flags.c_contiguous
+                and a.flags.writeable and a.shape == weight.shape for a in (weight, *tables))
+            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
+            and slots.flags.c_contiguous
+            and isinstance(grad, np.ndarray) and grad.dtype == np.float32 and grad.flags.c_contiguous
+            and grad.shape == (len(slots), weight.shape[1]))
+
+
 def _checked(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> np.ndarray:
-    """The slots as contiguous int64 after checking everything the C loops rely on (they index raw memory): float32
-    C-contiguous writable 2-D tables of one shape, a (len(slots), cols) float32 C-contiguous gradient, slots in range."""
+    """The slots as contiguous int64, after checking what :func:`accepts` checks and that every slot is a row."""
     slots = np.ascontiguousarray(slots, np.int64)
-    for a in (weight, *tables):
-        if not (a.dtype == np.float32 and a.ndim == 2 and a.flags.c_contiguous and a.flags.writeable
-                and a.shape == weight.shape):
-            raise ValueError("tables must be writable float32 C-contiguous 2-D arrays of one shape")
-    if not (grad.dtype == np.float32 and grad.flags.c_contiguous and grad.shape == (len(slots), weight.shape[1])):
-        raise ValueError(f"grad must be float32 C-contiguous of shape {(len(slots), weight.shape[1])}")
+    if not accepts(weight, tables, slots, grad):
+        raise ValueError(f"the update kernels take writable float32 C-contiguous tables of one shape and a float32 "
+                         f"C-contiguous gradient of shape {(len(slots), weight.shape[1])}")
     if len(slots) and (slots.min() < 0 or slots.max() >= len(weight)):
         raise IndexError(f"slot out of range [0, {len(weight)})")
     return slots

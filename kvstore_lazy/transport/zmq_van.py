@@ -80,9 +80,9 @@ class ZmqVan:
             log.error("no connection to node %d; dropping a message (head %s)", node_id, message.meta.head)
             return 0
         frames = message.to_frames()
-        # Zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice).
-        sock.send_multipart(frames, copy=sum(len(f) for f in frames) < ZERO_COPY_MIN)
         sent = sum(len(f) for f in frames)
+        # Zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice).
+        sock.send_multipart(frames, copy=sent < ZERO_COPY_MIN)
         self.bytes_sent += sent
         return sent
 
