@@ -186,27 +186,35 @@ def test_ssh_launcher_across_hosts(cluster, reference, tmp_path):
         assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split() == []
 
 
+def check_server_restarted(outcome, server: str, out, reference, results, row: str, when: str) -> None:
+    """What both server-restart scenarios must show, and their row of the faults table: the job finished, the server
+    rejoined from its snapshot and journal, the model is bit-identical to the uninterrupted run with no update lost,
+    the death was noticed within 1 s and recovery took under 30 s, and no process is left."""
+    log = outcome.log
+    assert outcome.code == 0, log[-6000:]
+    assert "recovered rank" in log
+    same = faultjob.same_model(faultjob.final(out), reference)
+    lost = faultjob.updates_lost(out)
+    detect = outcome.event("exited", server) - outcome.fault_mono
+    recover = outcome.recovered_after(outcome.fault_wall)
+    replay = next(line for line in log.splitlines() if "recovered rank" in line)
+    results[row] = dict(
+        outcome=f"restarted, rejoined, job finished (exit {outcome.code}); model bit-identical: {same}",
+        detect=detect, recover=recover, lost=lost, notes=when + replay.split("INFO ")[-1].split(": ", 1)[-1])
+    assert same and lost == 0
+    assert detect < 1.0 and recover < 30
+    assert faultjob.processes_left(outcome.job, namespaces()) == []
+
+
 @pytest.mark.timeout(300)
 def test_server_killed_is_restarted_and_nothing_is_lost(cluster, reference, results, tmp_path):
     out = tmp_path / "run"
     outcome = faultjob.run(faultjob.make_job(out, placer=placer(cluster)), out, fault=faultjob.kill("server 0"),
                            at_step=20, timeout=200)
-    log = outcome.log
-    assert outcome.code == 0, log[-6000:]
-    assert "server 0 (pid" in log and f"in netns {PREFIX}-server0) was killed by SIGKILL; restarting it" in log
-    assert "recovered rank" in log
-    same = faultjob.same_model(faultjob.final(out), reference)
-    lost = faultjob.updates_lost(out)
-    detect = outcome.event("exited", "server 0") - outcome.fault_mono
-    recover = outcome.recovered_after(outcome.fault_wall)
-    replay = next(line for line in log.splitlines() if "recovered rank" in line)
-    results["kill -9 server (--restart-servers)"] = dict(
-        outcome=f"restarted, rejoined, job finished (exit {outcome.code}); model bit-identical: {same}",
-        detect=detect, recover=recover, lost=lost,
-        notes=f"killed between steps (after step {outcome.fault_step}); " + replay.split("INFO ")[-1].split(": ", 1)[-1])
-    assert same and lost == 0
-    assert detect < 1.0 and recover < 30
-    assert faultjob.processes_left(outcome.job, namespaces()) == []
+    check_server_restarted(outcome, "server 0", out, reference, results, "kill -9 server (--restart-servers)",
+                           f"killed between steps (after step {outcome.fault_step}); ")
+    assert "server 0 (pid" in outcome.log
+    assert f"in netns {PREFIX}-server0) was killed by SIGKILL; restarting it" in outcome.log
 
 
 @pytest.mark.timeout(300)
@@ -216,21 +224,10 @@ def test_server_killed_under_traffic_is_restarted_and_nothing_is_lost(cluster, r
     out = tmp_path / "run"
     outcome = faultjob.run(faultjob.make_job(out, placer=placer(cluster), sleep=0.0), out,
                            fault=faultjob.kill("server 1", delay=0.03), at_step=30, timeout=200)
-    log = outcome.log
-    assert outcome.code == 0, log[-6000:]
-    same = faultjob.same_model(faultjob.final(out), reference)
-    lost = faultjob.updates_lost(out)
-    detect = outcome.event("exited", "server 1") - outcome.fault_mono
-    recover = outcome.recovered_after(outcome.fault_wall)
-    replay = next(line for line in log.splitlines() if "recovered rank" in line)
-    results["kill -9 server under traffic (--restart-servers)"] = dict(
-        outcome=f"restarted, rejoined, job finished (exit {outcome.code}); model bit-identical: {same}",
-        detect=detect, recover=recover, lost=lost,
-        notes=f"killed 30 ms after step {outcome.fault_step}, no pause between steps; recovery waits for the "
-              f"workers' PS_RESEND (3 s timeout); " + replay.split("INFO ")[-1].split(": ", 1)[-1])
-    assert same and lost == 0
-    assert detect < 1.0 and recover < 30
-    assert faultjob.processes_left(outcome.job, namespaces()) == []
+    check_server_restarted(outcome, "server 1", out, reference, results,
+                           "kill -9 server under traffic (--restart-servers)",
+                           f"killed 30 ms after step {outcome.fault_step}, no pause between steps; recovery waits for "
+                           f"the workers' PS_RESEND (3 s timeout); ")
 
 
 @pytest.mark.timeout(300)
