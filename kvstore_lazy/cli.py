@@ -44,7 +44,11 @@ def server_main(argv: list[str] | None = None) -> int:
         return 2
     profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
     if not profile:
-        return ServerNode(config).run()
+        try:
+            return ServerNode(config).run()
+        except StartupError as exc:   # a refusal (e.g. another server's snapshot): one line, not a traceback
+            logging.getLogger("kvstore_lazy").error("%s", exc)
+            return 2
     # KVSTORE_LAZY_PROFILE=PREFIX: run under cProfile (CPU time, so a loaded machine does not inflate it), write
     # PREFIX.<pid>.prof at a normal exit (scripts/bench.py --profile)
     import cProfile

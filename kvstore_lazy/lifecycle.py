@@ -19,9 +19,9 @@ Owns four decisions, each a pure function of the environment and the files in th
   (ascending), not by pod ordinal (ps-lite van.cc ProcessAddNodeCommandAtScheduler). A snapshot directory on a
   volume of one server (a StatefulSet's volumeClaimTemplates) holds the ranks *that* server had; if the sort now
   gives it another rank, loading by rank would start it empty, or load a stale or foreign shard. Snapshots record
-  their writer (advertised host and port); :func:`check_snapshot_owner` refuses one that is not this server's own,
-  unless the directory holds every rank's snapshot (a directory all servers of the job share, where a rank may
-  legitimately move between hosts).
+  their writer (advertised host and port); in a directory declared a server's own (KVSTORE_LAZY_SNAPSHOT_SCOPE=
+  server) :func:`check_snapshot_owner` refuses one that is not this server's. In a directory all servers of the job
+  share (the default) a rank may legitimately move between hosts, and rank<r>/ is rank r's wherever it came from.
 - **Where the workers dial after a rejoin.** Peers reach a server advertised by name at ``tcp://name:port``, and
   ZeroMQ re-resolves the name on every reconnect; but a reconnect stuck on the *old* address of a deleted pod (a SYN
   nobody answers: ARP fails on the same node, some CNIs drop silently) is only given up after the kernel's timeouts,
@@ -216,33 +216,47 @@ def _snapshot_ranks(directory: Path) -> dict[int, dict]:
     return found
 
 
-def check_snapshot_owner(directory: str | os.PathLike, rank: int, num_servers: int, host: str, port: int) -> None:
+SCOPE_ENV = "KVSTORE_LAZY_SNAPSHOT_SCOPE"
+
+
+def snapshot_scope(env) -> str:
+    """``job`` (default): every server of the job writes to this directory, a rank's snapshot is right whichever host
+    wrote it. ``server``: the directory is this server's own volume (a StatefulSet's volumeClaimTemplates)."""
+    scope = env.get(SCOPE_ENV, "job").strip().lower() or "job"
+    if scope not in ("job", "server"):
+        raise LifecycleError(f"{SCOPE_ENV}={scope!r}: use job (one directory for all servers) or server (a "
+                             f"volume of each server's own)")
+    return scope
+
+
+def check_snapshot_owner(directory: str | os.PathLike, rank: int, host: str, port: int, scope: str) -> None:
     """Raise LifecycleError if this server (advertised `host`:`port`, now rank `rank`) must not load
-    `directory`/rank<rank>: the snapshot was written by another server, or this directory holds only other ranks'
-    snapshots. A directory that holds a snapshot of every rank is shared by all servers of the job: there a rank's
-    snapshot is right whichever host wrote it. Snapshots written before writers were recorded pass."""
+    `directory`/rank<rank>. In a ``server``-scoped directory (this server's own volume) every snapshot must be its
+    own: one another server wrote means the volume moved or this server's name or port changed, and a directory
+    that holds only other ranks means the scheduler's sort gave this server a new rank. Snapshots written before
+    writers were recorded pass."""
+    if scope != "server":
+        return
     directory = Path(directory)
     ranks = _snapshot_ranks(directory)
-    shared = set(range(num_servers)) <= set(ranks)
     hint = ("The scheduler assigns ranks by sorting host and port (not by pod ordinal): restart this server with "
-            "the DMLC_NODE_HOST and PORT it had, put every server's KVSTORE_LAZY_SNAPSHOT_DIR on one shared "
-            "volume, or set KVSTORE_LAZY_RESUME=none to start it empty")
+            "the DMLC_NODE_HOST and PORT it had, put every server's snapshots in one shared directory "
+            f"({SCOPE_ENV}=job), or set KVSTORE_LAZY_RESUME=none to start it empty")
     mine = ranks.get(rank)
     if mine is None:
-        others = {r: m.get("writer") for r, m in sorted(ranks.items())}
-        if others and not shared:
+        if ranks:
+            held = ", ".join(f"rank {r} (written by {_who(m.get('writer'))})" for r, m in sorted(ranks.items()))
             raise LifecycleError(
-                f"the scheduler made {host}:{port} server rank {rank}, but {directory} holds the snapshot of "
-                f"{', '.join(f'rank {r} (written by {_who(w)})' for r, w in others.items())} and none of rank "
-                f"{rank}: loading by rank would start this server empty and lose that state. {hint}")
+                f"the scheduler made {host}:{port} server rank {rank}, but its own volume {directory} holds the "
+                f"snapshot of {held} and none of rank {rank}: loading by rank would start this server empty and "
+                f"lose that state. {hint}")
         return
     writer = mine.get("writer")
-    if writer is None or shared or (writer.get("host"), writer.get("port")) == (host, int(port)):
+    if writer is None or (writer.get("host"), writer.get("port")) == (host, int(port)):
         return
     raise LifecycleError(
         f"{directory / f'rank{rank}'} was written by {_who(writer)}, not by this server ({host}:{port}, now rank "
-        f"{rank}), and this directory is not shared by every server of the job (it holds ranks "
-        f"{sorted(ranks)} of {num_servers}). {hint}")
+        f"{rank}), and {directory} is this server's own volume ({SCOPE_ENV}=server). {hint}")
 
 
 def _who(writer: dict | None) -> str:

@@ -172,6 +172,7 @@ class Config:
     resume: str = "auto"            # what a fresh start loads from snapshot_dir: auto | tagged | latest | none
     bind: str = ""                  # KVSTORE_LAZY_BIND: the address bound ("" = the advertised host, as ps-lite)
     rejoin_window: float = 30.0     # recovery "auto": rejoin only a job its previous process left this recently
+    snapshot_scope: str = "job"     # KVSTORE_LAZY_SNAPSHOT_SCOPE: job (a directory all servers share) | server
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -220,6 +221,7 @@ class Config:
             bind = "" if config.local else lifecycle.bind_address(env, config.host)
             config.bind = bind if lifecycle.BIND_ENV in env else ""
             config.rejoin_window = lifecycle.rejoin_window(env, config.resend_timeout)
+            config.snapshot_scope = lifecycle.snapshot_scope(env)
         except lifecycle.LifecycleError as exc:
             raise StartupError(str(exc)) from None
         if config.recovery == "auto" and not config.resend:
@@ -639,8 +641,8 @@ class ServerNode:
         """Never load another server's snapshot from a volume of its own (lifecycle.check_snapshot_owner)."""
         assert self.server is not None
         try:
-            lifecycle.check_snapshot_owner(directory, self.server.rank, self.server.num_servers, self.config.host,
-                                           self.port)
+            lifecycle.check_snapshot_owner(directory, self.server.rank, self.config.host, self.port,
+                                           self.config.snapshot_scope)
         except lifecycle.LifecycleError as exc:
             raise StartupError(str(exc)) from None
 

@@ -47,7 +47,8 @@ BACKOFF = 10.0          # s: the kubelet's first crash-loop back-off
 # resend timeout aside: 3 s here, so that the window test takes 30 s)
 K8S_ENV = {"DMLC_USE_KUBERNETES": "1", "PS_RESEND": "1", "PS_RESEND_TIMEOUT": str(RESEND_MS)}
 SERVER_ENV = {"KVSTORE_LAZY_BIND": "0.0.0.0", "PORT": str(SERVER_PORT), "KVSTORE_LAZY_JOURNAL": "1",
-              "KVSTORE_LAZY_RECOVERY": "auto", "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "1"}
+              "KVSTORE_LAZY_RECOVERY": "auto", "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "1",
+              "KVSTORE_LAZY_SNAPSHOT_SCOPE": "server"}
 # the pod's volumes: its PVC (snapshots) and its container's /tmp (the status file), keyed by the pod's name
 POD_COMMAND = ["sh", "-c", 'exec env KVSTORE_LAZY_SNAPSHOT_DIR="$KVL_PODS/$DMLC_NODE_HOST/pvc" '
                'KVSTORE_LAZY_STATUS_FILE="$KVL_PODS/$DMLC_NODE_HOST/status.json" "$0" -m kvstore_lazy.server',
