@@ -172,6 +172,8 @@ def check_job_wiring(objects: list[dict]) -> dict:
     assert srv_c["readinessProbe"]["exec"]["command"] == ["python", "-m", "kvstore_lazy.server", "--ready"]
     mounts = {m["name"]: m["mountPath"] for m in srv_c["volumeMounts"]}
     assert [t["metadata"]["name"] for t in servers["spec"]["volumeClaimTemplates"]] == list(mounts)
+    for template in servers["spec"]["volumeClaimTemplates"]:   # `kubectl delete pvc -l ...` (README) finds them
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "kvstore-lazy"
     # the workers: an Indexed Job that does not retry (a stock worker cannot rejoin)
     assert workers["spec"]["completionMode"] == "Indexed" and workers["spec"]["backoffLimit"] == 0
     wrk_pod = workers["spec"]["template"]
