@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import faultjob
+from cluster import netns_unavailable
 from kvstore_lazy import checkpoint, lifecycle
 from kvstore_lazy.launch import Job, NetnsPlacement, NetnsPlacer
 
@@ -55,18 +54,8 @@ POD_COMMAND = ["sh", "-c", 'exec env KVSTORE_LAZY_SNAPSHOT_DIR="$KVL_PODS/$DMLC_
                sys.executable]
 
 
-def _why_not() -> str | None:
-    if sys.platform != "linux":
-        return "network namespaces are Linux only"
-    if os.geteuid() != 0:
-        return "needs root (ip netns)"
-    if shutil.which("ip") is None:
-        return "needs iproute2 (ip): apt-get install iproute2"
-    return None
-
-
 pytestmark = [pytest.mark.cluster, pytest.mark.integration,
-              pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+              pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))]
 
 
 def sh(*args: str) -> str:

@@ -274,17 +274,23 @@ def keys_within(obj: dict, allowed: set, what: str) -> None:
     assert set(obj) <= allowed, f"{what}: unknown fields {sorted(set(obj) - allowed)}"
 
 
+def custom_resource(file: str, kind: str, api_version: str) -> tuple[list[dict], dict]:
+    """The objects of an example (the core ones validated) and its one custom resource."""
+    objects = example(file)
+    for obj in objects:
+        if obj["kind"] != kind:
+            validate(obj)
+    resource = one(objects, kind)
+    assert resource["apiVersion"] == api_version
+    return objects, resource
+
+
 def validate_pod_template(template: dict, name: str) -> None:
     validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template})
 
 
 def test_mxjob_example_follows_the_v1_8_1_types_and_its_pods_validate():
-    objects = example("mxjob.yaml")
-    for obj in objects:
-        if obj["kind"] != "MXJob":
-            validate(obj)
-    job = one(objects, "MXJob")
-    assert job["apiVersion"] == "kubeflow.org/v1"
+    objects, job = custom_resource("mxjob.yaml", "MXJob", "kubeflow.org/v1")
     name = job["metadata"]["name"]
     assert DNS1035.match(name) and len(name) <= 63          # ValidateV1MXJob: a DNS-1035 label
     spec = job["spec"]
@@ -326,12 +332,7 @@ def test_mxjob_example_follows_the_v1_8_1_types_and_its_pods_validate():
 
 
 def test_jobset_example_follows_the_v0_10_1_types_and_its_jobs_validate():
-    objects = example("jobset.yaml")
-    for obj in objects:
-        if obj["kind"] != "JobSet":
-            validate(obj)
-    js = one(objects, "JobSet")
-    assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    objects, js = custom_resource("jobset.yaml", "JobSet", "jobset.x-k8s.io/v1alpha2")
     name = js["metadata"]["name"]
     spec = js["spec"]
     keys_within(spec, JOBSET_SPEC, "JobSet spec")
