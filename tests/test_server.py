@@ -37,7 +37,7 @@ from kvstore_lazy.protocol import ProtocolError
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, decode_kv, identity_of
 from kvstore_lazy.protocol.pbmeta import EMPTY
-from kvstore_lazy.server.core import MATERIALIZE_ON_PUSH, KVServer
+from kvstore_lazy.server.core import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH, KVServer
 from kvstore_lazy.worker import lazy_spec_body
 
 SERVER_ID = 8
@@ -281,7 +281,7 @@ def initial(ids, rows, dim, key=7, seed=42, init=UNIFORM, dtype=np.float32):
 
 def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch):
     monkeypatch.delenv("MXNET_KVSTORE_BIGARRAY_BOUND", raising=False)
-    peer, w0, w1 = rsp_server(optimizer=optimizer_body("test", rescale_grad=1.0))
+    peer, w0, w1 = rsp_server(optimizer=optimizer_body("test", rescale_grad=1.0), materialize=MATERIALIZE_ON_TOUCH)
     declare(peer, w0, 7, 1000, (4,))
     declare(peer, w1, 7, 1000, (4,))                            # every worker may declare: identical is fine
     reply = peer.ok(w0.rsp_push(7, [], np.zeros((0, 4))))       # kv.init of an empty rsp: master key only
@@ -297,9 +297,10 @@ def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch)
 
 
 def test_lazy_materialize_push_pull_stores_nothing(monkeypatch):
+    """The default policy (issue 12): rows exist only once trained."""
     monkeypatch.delenv("MXNET_KVSTORE_BIGARRAY_BOUND", raising=False)
-    peer, w0, _ = rsp_server(num_workers=1, optimizer=optimizer_body("test", rescale_grad=1.0),
-                             materialize=MATERIALIZE_ON_PUSH)
+    peer, w0, _ = rsp_server(num_workers=1, optimizer=optimizer_body("test", rescale_grad=1.0))
+    assert peer.server.materialize == MATERIALIZE_ON_PUSH
     declare(peer, w0, 7, 50, (2, 3))                            # row shape (2, 3): 6 elements a row
     peer.ok(w0.rsp_push(7, [], np.zeros((0, 6))))
     got = peer.values(w0.rsp_pull(7, [0, 10, 49])).reshape(3, 6)
@@ -328,7 +329,7 @@ def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, 
     np.testing.assert_array_equal(got, initial([6, 10], rows, dim))
     peer.ok(w0.rsp_push(7, [2], f32(1, 1, 1)))
     np.testing.assert_array_equal(peer.values(w0.rsp_pull(7, [2])), initial([8], rows, dim)[0] + 1)
-    assert sorted(peer.server.sparse[7].table.row_ids().tolist()) == [6, 8, 10]
+    assert peer.server.sparse[7].table.row_ids().tolist() == [8]   # global ids; pulls store nothing (push policy)
     caplog.clear()
     reply = peer.call(w0.rsp_pull(7, [5]), good=False)         # local row 5 = global row 11: out of range
     assert decode_kv(reply.data).vals == b""
