@@ -38,6 +38,7 @@ import argparse
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -77,6 +78,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _new_temp(path: Path) -> str:
+    """A new empty file beside `path`, created with mode 0666 less the umask, as open() would create `path` itself
+    (tempfile.mkstemp's 0600 would make every checkpoint private to its writer)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp name beside {path}")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, lazy: dict | None = None) -> Iterator[str]:
     """Yield a temp path beside `path` to write the new file to; then fsync it and rename it over `path` (and fsync
@@ -87,8 +101,7 @@ def atomic_path(path: str | os.PathLike, lazy: dict | None = None) -> Iterator[s
     older version of `path`; None leaves sidecars alone (files that are not checkpoints)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _new_temp(path)
     try:
         yield tmp
         _fsync_dir(Path(tmp))
