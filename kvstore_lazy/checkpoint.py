@@ -242,7 +242,7 @@ def _file_digest(path) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
     with open(path, "rb") as fh:
         while True:
-            block = fh.read(8 << 20)
+            block = fh.read(1 << 20)
             if not block:
                 return digest.hexdigest(), size
             digest.update(block)
