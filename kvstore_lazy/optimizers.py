@@ -261,6 +261,18 @@ class Optimizer:
         if w is not weight:
             weight[...] = w
 
+    def update_count(self, key) -> int:
+        """How many updates of `key` this optimizer counted (0 if none)."""
+        return int(self._index_update_count.get(key, 0))
+
+    def update_counts(self) -> dict:
+        """Every key's update count (a copy), for snapshots."""
+        return {k: int(v) for k, v in self._index_update_count.items()}
+
+    def set_update_count(self, key, count: int) -> None:
+        """Restore `key`'s update count (a snapshot or a worker checkpoint); ``num_update`` is restored apart."""
+        self._index_update_count[key] = int(count)
+
     # -- mxnet.optimizer.Optimizer bookkeeping --
     def _update_count(self, index):
         if index not in self._index_update_count:

@@ -98,22 +98,13 @@ class Peer:
 
 def stored(server: KVServer) -> dict:
     """Everything a rejected request must leave alone: values, master copies, states, rows, pending rounds,
-    declarations and settings."""
-    state: dict = {"sync": server.sync_mode, "mp": server.multi_precision, "compression": server.compression,
-                   "optimizer": server.optimizer_body,
-                   "specs": {k: v.to_json() for k, v in server.specs.items()}}
-    for key, e in server.dense.items():
-        state[("dense", key)] = (e.dtype, e.value.tobytes(), None if e.master is None else e.master.tobytes(),
-                                 [s.tobytes() for s in e.states or []],
-                                 e.merged.tobytes() if e.requests else None,
-                                 [(r.sender, r.meta.timestamp) for r in e.requests])
-    for key, e in server.sparse.items():
-        ids, weights, states = e.table.items()
-        state[("sparse", key)] = (e.dtype, e.row_size, e.local_rows, e.row_offset, ids.tobytes(), weights.tobytes(),
-                                  [s.tobytes() for s in states],
-                                  None if e.merged_ids is None else (e.merged_ids.tobytes(), e.merged_vals.tobytes()),
-                                  [(r.sender, r.meta.timestamp) for r in e.requests])
-    return state
+    declarations and settings (the server's public inspection of itself)."""
+    return server.inspect()
+
+
+def row_ids(server: KVServer, key: int) -> list[int]:
+    """The rows of `key` that exist, ascending (the server's public snapshot)."""
+    return server.snapshot()[1][key]["row_ids"].tolist()
 
 
 def error_lines(caplog) -> list[str]:
@@ -288,8 +279,7 @@ def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch)
     assert reply.data == []
     got = peer.values(w1.rsp_pull(7, [3, 500, 999])).reshape(3, 4)
     np.testing.assert_array_equal(got, initial([3, 500, 999], 1000, 4))   # the worker sends sorted unique ids
-    entry = peer.server.sparse[7]
-    assert sorted(entry.table.row_ids().tolist()) == [3, 500, 999]        # materialize='touch': pulls store
+    assert row_ids(peer.server, 7) == [3, 500, 999]                      # materialize='touch': pulls store
     # a push updates from the initial values
     assert peer.send(w0.rsp_push(7, [3], f32(1, 1, 1, 1))) == []
     assert len(peer.send(w1.rsp_push(7, [], np.zeros((0, 4))))) == 2
@@ -304,14 +294,13 @@ def test_lazy_materialize_push_pull_stores_nothing(monkeypatch):
     peer.ok(w0.rsp_push(7, [], np.zeros((0, 6))))
     got = peer.values(w0.rsp_pull(7, [0, 10, 49])).reshape(3, 6)
     np.testing.assert_array_equal(got, initial([0, 10, 49], 50, 6).reshape(3, 6))
-    table = peer.server.sparse[7].table
-    assert len(table) == 0                                      # pulls computed the rows, stored none
+    assert row_ids(peer.server, 7) == []                         # pulls computed the rows, stored none
     peer.ok(w0.rsp_push(7, [10], np.ones((1, 6))))
-    assert table.row_ids().tolist() == [10]
+    assert row_ids(peer.server, 7) == [10]
     got = peer.values(w0.rsp_pull(7, [9, 10])).reshape(2, 6)
     np.testing.assert_array_equal(got[0], initial([9], 50, 6)[0])
     np.testing.assert_array_equal(got[1], initial([10], 50, 6)[0] + 1)
-    assert table.row_ids().tolist() == [10]
+    assert row_ids(peer.server, 7) == [10]
 
 
 def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, caplog):
@@ -328,7 +317,7 @@ def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, 
     np.testing.assert_array_equal(got, initial([6, 10], rows, dim))
     peer.ok(w0.rsp_push(7, [2], f32(1, 1, 1)))
     np.testing.assert_array_equal(peer.values(w0.rsp_pull(7, [2])), initial([8], rows, dim)[0] + 1)
-    assert sorted(peer.server.sparse[7].table.row_ids().tolist()) == [6, 8, 10]
+    assert row_ids(peer.server, 7) == [6, 8, 10]
     caplog.clear()
     reply = peer.call(w0.rsp_pull(7, [5]), good=False)         # local row 5 = global row 11: out of range
     assert decode_kv(reply.data).vals == b""
@@ -358,7 +347,7 @@ def test_multi_precision_fp16_dense_keeps_float32_master():
         got = peer.values(w0.pull(key, F16), np.float16)
         np.testing.assert_array_equal(got, master.astype(np.float16))
         assert (got > 1).all()                                   # fp16 arithmetic alone would have stayed at 1
-        np.testing.assert_array_equal(peer.server.dense[key].master, master)
+        np.testing.assert_array_equal(peer.server.snapshot()[1][key]["weights"].reshape(-1), master)
 
 
 def test_multi_precision_fp16_row_sparse():
@@ -377,7 +366,7 @@ def test_multi_precision_fp16_row_sparse():
     assert got[0].tolist() == [1, 1]
     np.testing.assert_array_equal(got[1], np.full(2, master, np.float32).astype(np.float16))
     assert got[1][0] > 1
-    assert peer.server.sparse[5].table.dtype == np.float32
+    assert peer.server.snapshot()[1][5]["weights"].dtype == np.float32
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -781,7 +770,7 @@ _frame = st.binary(max_size=40)
 _keys = st.lists(st.sampled_from([0, 1, 3, 4, 5, 6, 7, 8, 105, B1 + 3, 2 ** 64 - 1,
                                   # the virtual row-listing / optimizer-state keys
                                   proto.ROWS_HEADER_KEY, proto.ROWS_HEADER_KEY + 1, proto.ROWS_HEADER_KEY + 8,
-                                  proto.rows_state_key(3, 0), proto.rows_state_key(5, 1)]), max_size=5)
+                                  proto.ROWS_HEADER_KEY + 40, proto.ROWS_HEADER_KEY + 57]), max_size=5)
 
 
 @st.composite

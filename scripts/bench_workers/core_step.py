@@ -121,7 +121,7 @@ def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup
             handle(w.rows(rows, grad))
         if step >= warmup:
             cpu.append(time.process_time() - t)
-    return {"optimizer": optimizer, "batch": batch, "rows": len(server.sparse[KEY].table),
+    return {"optimizer": optimizer, "batch": batch, "rows": server.stats()["sparse"][str(KEY)]["rows"],
             "cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
 
 
