@@ -49,13 +49,14 @@ from pathlib import Path
 from . import membership
 from . import checkpoint
 from . import journal as journal_mod
+from .envvars import atoi_flag, flag
 from .protocol import ProtocolError
 from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, Meta
 from .server.core import KVServer, node_name
 from .server.resume import ResumeGate
-from .transport.zmq_van import ZmqVan
+from .transport.zmq_van import BindError, ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
 
@@ -121,25 +122,6 @@ def _env_int(env, name: str, default: int | None = None) -> int:
         raise StartupError(f"{name}={value!r} is not an integer") from None
 
 
-def _flag(env, name: str) -> bool:
-    """One of kvstore_lazy's own on/off variables."""
-    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _atoi_flag(env, name: str) -> bool:
-    """A ps-lite variable read as ps-lite does: atoi(value) != 0 (so "true" is off, as for stock nodes)."""
-    digits = ""
-    for i, ch in enumerate(env.get(name, "").strip()):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
-            digits += ch
-        else:
-            break
-    try:
-        return int(digits) != 0
-    except ValueError:
-        return False
-
-
 @dataclass
 class Config:
     root_uri: str
@@ -190,9 +172,9 @@ class Config:
             num_servers=_env_int(env, "DMLC_NUM_SERVER"),
             host=default_host() if env is os.environ else (env.get("DMLC_NODE_HOST") or default_host()),
             port=_env_int(env, "PORT", 0),
-            local=_atoi_flag(env, "DMLC_LOCAL"),
+            local=atoi_flag(env, "DMLC_LOCAL"),
             heartbeat_interval=float(env.get("PS_HEARTBEAT_INTERVAL", "0") or 0),
-            resend=_atoi_flag(env, "PS_RESEND"),
+            resend=atoi_flag(env, "PS_RESEND"),
             resend_timeout=_env_int(env, "PS_RESEND_TIMEOUT", 1000) / 1000.0,
             water_mark=_env_int(env, "DMLC_PS_WATER_MARK", 0),
             verbose=_env_int(env, "PS_VERBOSE", 0),
@@ -203,8 +185,8 @@ class Config:
             recover_rank=_env_int(env, "KVSTORE_LAZY_RECOVER_RANK", -1),
             snapshot_dir=env.get("KVSTORE_LAZY_SNAPSHOT_DIR", ""),
             snapshot_interval=float(env.get("KVSTORE_LAZY_SNAPSHOT_INTERVAL", "0") or 0),
-            journal=_flag(env, "KVSTORE_LAZY_JOURNAL"),
-            journal_fsync=_flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
+            journal=flag(env, "KVSTORE_LAZY_JOURNAL"),
+            journal_fsync=flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
         )
@@ -304,10 +286,15 @@ class ServerNode:
 
     def run(self) -> int:
         try:
-            if self.config.recovery == "rejoin":
-                self.rejoin()
-            else:
-                self.start()
+            try:
+                if self.config.recovery == "rejoin":
+                    self.rejoin()
+                else:
+                    self.start()
+            except (BindError, OSError, ValueError, checkpoint.SnapshotError) as exc:
+                # a bind failure, a node list without us, an unreadable snapshot: one line for the operator
+                log.debug("start failed", exc_info=True)
+                raise StartupError(f"cannot start: {exc}") from exc
             self.serve()
             self.stop()
         finally:
