@@ -19,6 +19,7 @@ This module owns two things:
 whole dense array, or on the gathered rows of a row_sparse key, which gives
 MXNet's lazy_update semantics.
 """
+import copy
 import functools
 import io
 import math
@@ -702,3 +703,17 @@ def load_optimizer(body):
     if not isinstance(obj, Optimizer):
         raise UnsafePickleError(f'pickle holds {type(obj).__name__}, not an mxnet optimizer')
     return obj
+
+
+def check_runs(optimizer: Optimizer) -> None:
+    """One dense and one row_sparse step on a copy: a pickle of a real optimizer class whose hyper-parameters cannot
+    run (a string learning rate) is refused by kController instead of failing every later push."""
+    trial = copy.deepcopy(optimizer)
+    for row_sparse in (False, True):
+        weight = np.zeros((1, 1), np.float32)
+        try:
+            with np.errstate(all="ignore"):   # zeros may make 0/0 for a valid optimizer: only exceptions count
+                trial.update(0, weight, np.zeros((1, 1), np.float32), trial.init_states(weight),
+                             row_sparse=row_sparse)
+        except Exception as exc:
+            raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None

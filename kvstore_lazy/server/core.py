@@ -24,14 +24,13 @@ Deliberate differences from the stock server (each a stock bug or crash):
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 
 import numpy as np
 
 from ..compression import Compression, CompressionError, dequantize_2bit
-from ..optimizers import Optimizer, load_optimizer
+from ..optimizers import Optimizer, check_runs, load_optimizer
 from ..protocol import kv as wire
 from ..protocol import mxnet as mx
 from ..protocol.kv import BadRequest, DataRequest
@@ -172,7 +171,7 @@ class KVServer:
     def set_optimizer(self, body: bytes) -> None:
         """kController. The stock server builds a fresh Updater per kController, so optimizer states start over."""
         optimizer = load_optimizer(body)
-        _check_runs(optimizer)
+        check_runs(optimizer)
         self.optimizer, self.optimizer_body = optimizer, body
         for entry in self.keys.values():
             entry.reset_states(optimizer)
@@ -351,17 +350,3 @@ class KVServer:
                 self.keys[key] = DenseKey.restore(key, table, self.multi_precision)
             else:
                 self.keys[key] = RowSparseKey.restore(key, table, self.specs.get(key), num_states)
-
-
-def _check_runs(optimizer: Optimizer) -> None:
-    """One dense and one row_sparse step on a copy: a pickle of a real optimizer class whose hyper-parameters cannot
-    run (a string learning rate) is refused by kController instead of failing every later push."""
-    trial = copy.deepcopy(optimizer)
-    for row_sparse in (False, True):
-        weight = np.zeros((1, 1), np.float32)
-        try:
-            with np.errstate(all="ignore"):   # zeros may make 0/0 for a valid optimizer: only exceptions count
-                trial.update(0, weight, np.zeros((1, 1), np.float32), trial.init_states(weight),
-                             row_sparse=row_sparse)
-        except Exception as exc:
-            raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None
