@@ -619,6 +619,21 @@ def test_unidentified_sender_is_dropped(loaded, caplog):
     check_good(peer, w0)
 
 
+def test_a_reply_arriving_as_a_request_is_dropped(loaded, caplog):
+    """A message with request=0 is a reply (ours, echoed back by a peer posing as us, or forged): never served, or
+    a server could answer its own replies forever."""
+    peer, w0 = loaded
+    for msg in (w0.pull(3), w0.push(3, f32(9, 9, 9, 9)), w0.command(proto.STOP_SERVER)):
+        msg.meta.request = False
+        before = stored(peer.server)
+        caplog.clear()
+        assert peer.send(msg) == []
+        (line,) = error_lines(caplog)
+        assert "dropping a reply" in line and NAME[WORKER0] in line
+        assert stored(peer.server) == before and not peer.server.stopped
+    check_good(peer, w0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # bad commands
 
