@@ -506,6 +506,10 @@ BAD = {
     "unsorted-row-ids-pull": (lambda r: r.rsp_pull(5, [3, 1]), 5),
     "unsorted-row-ids-push": (lambda r: r.rsp_push(5, [3, 1], f32(1, 1, 1, 1)), 5),
     "row-key-below-master": (lambda r: r.kv(RSP, [5, 4], b"", push=False, pull=True), 5),
+    # row ids past int64 (a 64-bit row key decoded to a negative int64 would pass a range check)
+    "row-id-2^63-pull": (lambda r: r.kv(RSP, [5, 5 + 2 ** 63], b"", push=False, pull=True), 5),
+    "row-id-near-2^64-pull": (lambda r: r.kv(RSP, [5, 2 ** 64 - 1], b"", push=False, pull=True), 5),
+    "lazy-row-id-2^63-push": (lambda r: r.kv(RSP, [7, 7 + 2 ** 63 + 7], f32(1, 1).tobytes(), [0, 8], push=True), 7),
     "rsp-lens0-not-zero": (lambda r: r.kv(RSP, [5, 6], f32(1, 1).tobytes(), [8, 8], push=True), 5),
     "rsp-row-lens-differ": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1, 1).tobytes(), [0, 8, 4], push=True), 5),
     "rsp-vals-size-mismatch": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1).tobytes(), [0, 8, 8], push=True), 5),
@@ -752,6 +756,30 @@ BAD_COMMANDS = {
         {"key": 11, "rows": 10, "row_shape": [2], "init": '["orthogonal", {}]'}).encode()),
     "declare-zero-rows": (proto.LAZY_DECLARE, json.dumps(
         {"key": 11, "rows": 0, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1e300": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1e300, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1.5": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1.5, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-empty": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-string": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": "8", "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-float": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [8.5], "init": '["zero", {}]'}).encode()),
+    "declare-row-size-2^20": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [1 << 20], "init": '["zero", {}]'}).encode()),
+    "declare-dtype-null": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "dtype": None, "init": '["zero", {}]'}).encode()),
+    "declare-bound-0": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "bound": 0, "init": '["zero", {}]'}).encode()),
+    "declare-key-minus-1": (proto.LAZY_DECLARE, json.dumps(
+        {"key": -1, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-key-2^64": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 2 ** 64, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-a-virtual-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": proto.ROWS_HEADER_KEY, "rows": 10, "row_shape": [64], "init": '["zero", {}]'}).encode()),
+    "declare-over-a-dense-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 3, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
     "rows-query-empty-object": (proto.LAZY_ROWS, b"{}"),
     "rows-query-a-list": (proto.LAZY_ROWS, b"[5]"),
     "rows-query-key-not-a-number": (proto.LAZY_ROWS, b'{"key": "five"}'),
