@@ -48,7 +48,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import ndfile
+from .ndfile import Entry, NDFileError, Writer, chunked, read_index, read_row_ids, read_values
 from .initializers import InitializerError, parse_initializer
 
 FORMAT = 1
@@ -308,7 +308,7 @@ def lazy_params(path: str | os.PathLike) -> dict[str, dict] | None:
         raise CheckpointError(f"{side} does not describe {path} (written for another version of that file, e.g. one "
                               f"saved by code without kvstore_lazy); remove it to read {path.name} as a stock file")
     params = {name: _checked_spec(side, name, spec) for name, spec in found[0]["params"].items()}
-    entries = {entry.name: entry for entry in ndfile.read_index(path)}
+    entries = {entry.name: entry for entry in read_index(path)}
     for name, spec in params.items():
         entry = entries.get(name)
         shape = (spec["rows"],) + tuple(spec["row_shape"])
@@ -359,11 +359,11 @@ def read_row_ids_file(path: str | os.PathLike) -> np.ndarray:
     return np.unique(ids)
 
 
-def _stored(src: Path, entry: ndfile.Entry, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = ndfile.read_row_ids(src, entry)
+def _stored(src: Path, entry: Entry, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = read_row_ids(src, entry)
     if len(ids) and (np.any(ids[1:] <= ids[:-1]) or ids[0] < 0 or ids[-1] >= rows):
         raise CheckpointError(f"{src}: the row ids of {name!r} are not sorted, unique and within [0, {rows})")
-    return ids, ndfile.read_values(src, entry)
+    return ids, read_values(src, entry)
 
 
 def _chunk_ids(out_ids: np.ndarray | None, start: int, stop: int) -> np.ndarray:
@@ -390,7 +390,7 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
         rows = np.unique(np.asarray(rows, np.int64))
         if len(rows) and rows[0] < 0:
             raise CheckpointError(f"row id {int(rows[0])} in {rows_from} is negative")
-    entries = ndfile.read_index(src)
+    entries = read_index(src)
     plan = {}
     for entry in entries:
         spec = params.get(entry.name)
@@ -405,7 +405,7 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
     report = []
 
     def write(fh) -> None:
-        writer = ndfile.Writer(fh, len(entries))
+        writer = Writer(fh, len(entries))
         with open(src, "rb") as source:
             for entry in entries:
                 if entry.name not in plan:
@@ -414,7 +414,7 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
                 spec, ids, values, out_ids = plan[entry.name]
                 total = spec["rows"] if out_ids is None else len(out_ids)
                 step = max(1, CHUNK_VALUES // int(np.prod(spec["row_shape"])))
-                chunks = list(ndfile.chunked(total, step))
+                chunks = list(chunked(total, step))
                 writer.row_sparse(entry.name, entry.shape, entry.dtype, total,
                                   (lazy_rows(spec, _chunk_ids(out_ids, a, b), ids, values) for a, b in chunks),
                                   (_chunk_ids(out_ids, a, b) for a, b in chunks))
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_row_ids_file(args.rows) if args.rows else None
         for line in densify(args.input, args.output, rows, rows_from=args.rows or ""):
             print(line)
-    except (CheckpointError, ndfile.NDFileError, OSError) as exc:
+    except (CheckpointError, NDFileError, OSError) as exc:
         print(f"densify: error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}")
