@@ -12,16 +12,22 @@ In a worker of a dist job (``DMLC_ROLE=worker``) with the switch on:
   (none, or the rows a checkpoint gave). Rows come from the servers as stock MXNet pulls them
   (``row_sparse_data``, ``Module.prepare``);
 - saving parameters (``Block.save_parameters``, ``Module.get_params``/``save_checkpoint``/``save_params``) fetches
-  only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row,
-  and every file is written atomically;
+  only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row;
+  every file is written atomically, with the ``.lazy.json`` sidecar saying how each lazy weight was declared (key
+  id, shape, dtype, initializer, seed: kvstore_lazy.checkpoint), from every save path (``Block.save_parameters``,
+  ``BaseModule.save_params``, ``mx.model.save_checkpoint``);
 - ``Trainer.save_states``/``Module.save_optimizer_states`` save the optimizer states the servers hold (of existing
   rows, and of dense keys) and the update counts; the ``load_*`` counterparts restore them, onto any number of
   servers. Loading is collective, like ``kv.init``: call it on every worker.
-Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not.
+Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not, except that loading a
+checkpoint with a sidecar (:func:`loaded`: ``mx.model.load_checkpoint``, ``BaseModule.load_params``, Gluon
+``load_parameters`` and ``ParameterDict.load``) gives every row of its lazy weights, the absent ones with the values
+the servers computed, so a local job scores the model the dist job evaluated.
 
-Rows a checkpoint does not hold get their initial values from the initializer known when the key is declared: for
-Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the one given to
-``init_params``/``fit`` (else ``Uniform(0.01)``). Restore with the same model and initializer to continue exactly.
+In a dist job, rows a checkpoint does not hold get their initial values from the initializer known when the key is
+declared: for Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the
+one given to ``init_params``/``fit`` (else ``Uniform(0.01)``). Restore with the same model and initializer to
+continue exactly.
 """
 from __future__ import annotations
 

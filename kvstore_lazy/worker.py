@@ -390,10 +390,11 @@ def save_rows(path: str, arrays: dict, prefix: str = "arg:", specs: dict | None 
         value = arrays.get(name)
         shape = value[0] if isinstance(value, tuple) else getattr(value, "shape", None)
         want = (int(spec["rows"]),) + tuple(int(d) for d in spec["row_shape"])
-        if value is None or tuple(int(d) for d in shape) != want or not (
-                isinstance(value, tuple) or getattr(value, "stype", "") == "row_sparse"):
+        stype = "row_sparse" if isinstance(value, tuple) else getattr(value, "stype", "default")
+        if value is None or tuple(int(d) for d in shape) != want or stype != "row_sparse":
+            got = "missing" if value is None else f"{stype} of shape {tuple(shape)}"
             raise ValueError(f"save_rows: specs[{name!r}] describes a row_sparse array of shape {want}, but "
-                             f"arrays[{name!r}] is {'missing' if value is None else f'of shape {shape}'}")
+                             f"arrays[{name!r}] is {got}")
     nd = {}
     for name, value in arrays.items():
         if isinstance(value, tuple):
