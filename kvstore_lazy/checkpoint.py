@@ -340,7 +340,8 @@ def lazy_rows(spec: dict, row_ids: np.ndarray, stored_ids: np.ndarray, stored_va
 # ----------------------------------------------------------------------------------------------------------------
 # densify: a stock file with absent rows filled in, streamed
 
-CHUNK_VALUES = 1 << 21   # values per chunk written (8 MiB of float32), whatever the parameter's size
+CHUNK_VALUES = 1 << 21   # at most this many values (8 MiB of float32) ...
+CHUNK_ROWS = 1 << 17     # ... and rows (ids, positions and generator states take 8 bytes a row each) per chunk
 
 
 def read_row_ids_file(path: str | os.PathLike) -> np.ndarray:
@@ -375,8 +376,8 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
             rows_from: str = "the rows asked for") -> list[str]:
     """Write `dst`: checkpoint `src` with every row (or, with `rows`, the stored rows and `rows`) of each lazy
     parameter present, absent ones with their initial values; other entries copied byte for byte. Everything is
-    checked before `dst` is created; values are written chunk by chunk (CHUNK_VALUES at a time), so memory does not
-    grow with the parameters' sizes. With `rows`, `dst` gets a sidecar (rows are still absent); without, it is a
+    checked before `dst` is created; values are written chunk by chunk (CHUNK_VALUES values or CHUNK_ROWS rows at a
+    time), so memory does not grow with the parameters' sizes. With `rows`, `dst` gets a sidecar (rows are still absent); without, it is a
     plain stock file. Returns one line per lazy parameter saying what was written."""
     src, dst = Path(src), Path(dst)
     if not src.is_file():
@@ -413,7 +414,7 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
                     continue
                 spec, ids, values, out_ids = plan[entry.name]
                 total = spec["rows"] if out_ids is None else len(out_ids)
-                step = max(1, CHUNK_VALUES // int(np.prod(spec["row_shape"])))
+                step = max(1, min(CHUNK_ROWS, CHUNK_VALUES // int(np.prod(spec["row_shape"]))))
                 chunks = list(chunked(total, step))
                 writer.row_sparse(entry.name, entry.shape, entry.dtype, total,
                                   (lazy_rows(spec, _chunk_ids(out_ids, a, b), ids, values) for a, b in chunks),
