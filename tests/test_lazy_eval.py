@@ -16,7 +16,7 @@ import pytest
 from cluster import PYTHON, ROOT
 from common import load
 from kvstore_lazy import checkpoint
-from lazy_jobs import LAZY, STOCK, checkpoint as read_checkpoint, finish, start
+from lazy_jobs import LAZY, STOCK, checkpoint as read_checkpoint, finish, start, stored_rows
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
 from mxnet_copy import job_env
 
@@ -24,15 +24,6 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = ROOT / "tests" / "workers" / "module_eval.py"
 D, EPOCHS = 100_000, 2
-
-
-def stored_rows(snap_dir, servers: int, key: int) -> np.ndarray:
-    ids = []
-    for rank in range(servers):
-        info = checkpoint.read_manifest(snap_dir, rank)["keys"].get(str(key))
-        if info is not None:
-            ids.append(checkpoint.read_snapshot_key(snap_dir, rank, key, info)["row_ids"])
-    return np.sort(np.concatenate(ids)).astype(np.int64)
 
 
 def score(out, prefix, env: dict) -> dict:
@@ -73,7 +64,7 @@ def test_defaults_keep_only_trained_rows_and_the_checkpoint_reproduces_the_eval(
 
     # with the defaults only trained rows exist: on the servers at the end, and in every checkpoint
     for name in ("w", "v"):
-        np.testing.assert_array_equal(stored_rows(snap, 2, params[f"arg:{name}"]["key"]), trained)
+        np.testing.assert_array_equal(stored_rows(snap, 2, params[f"arg:{name}"]["key"]), trained.astype(np.uint64))
         for epoch in range(EPOCHS):
             ckpt = read_checkpoint(f"{tmp_path / 'lazy'}-{epoch:04d}.params")
             assert ckpt[f"arg:{name}"][0].max() < D // 2

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from common import load
+from lazy_jobs import stored_rows as snapshot_rows
 from kvstore_lazy import checkpoint
 from kvstore_lazy.initializers import parse_initializer
 
@@ -36,15 +37,7 @@ def run(job_factory, name, server, servers, args, mode="dist_sync", bound=1000, 
 
 def stored_rows(job, servers, key):
     """Global row ids stored on all servers, from the snapshots they write at shutdown."""
-    ids = []
-    for rank in range(servers):
-        manifest = checkpoint.read_manifest(job.tmp / "snap", rank)
-        info = manifest["keys"].get(str(key))
-        if info is not None:
-            ids.append(checkpoint.read_snapshot_key(job.tmp / "snap", rank, key, info)["row_ids"])
-    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
-    assert len(np.unique(ids)) == len(ids), "a row is stored on two servers"
-    return np.sort(ids)
+    return snapshot_rows(job.tmp / "snap", servers, key)
 
 
 def expected_rows(ids, rows, dim, seed=42, key=3, init=UNIFORM):
