@@ -14,8 +14,8 @@ def server_main(argv: list[str] | None = None) -> int:
                     "server (DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
                     "DMLC_NODE_HOST, PS_HEARTBEAT_INTERVAL, PS_RESEND, ...).")
     parser.add_argument("--materialize", choices=["touch", "push"], default=None,
-                        help="when a lazy row is stored: on its first pull or push (touch, default) or only on its "
-                             "first push (pulls of absent rows get computed initial values). "
+                        help="when a lazy row is stored: only on its first push (push, the default: pulls of "
+                             "absent rows get computed initial values) or on its first pull or push (touch). "
                              "Env: KVSTORE_LAZY_MATERIALIZE")
     parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
     parser.add_argument("--ready", nargs="?", const="", default=None, metavar="STATUS_FILE",
@@ -31,24 +31,25 @@ def server_main(argv: list[str] | None = None) -> int:
     if args.materialize:
         os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
     from . import runtime
-    from .runtime import Config, ServerNode, StartupError
+    from .runtime import Config, StartupError
 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(runtime.NodeLogFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s kvstore_lazy %(node)s %(levelname)s %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
-        config = Config.from_env()
-    except StartupError as exc:
+        return _run(Config.from_env())
+    except StartupError as exc:   # configuration, bind, registration, snapshot: one line and status 2
         logging.getLogger("kvstore_lazy").error("%s", exc)
         return 2
+
+
+def _run(config) -> int:
+    from .runtime import ServerNode
+
     profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
     if not profile:
-        try:
-            return ServerNode(config).run()
-        except StartupError as exc:   # a refusal (e.g. another server's snapshot): one line, not a traceback
-            logging.getLogger("kvstore_lazy").error("%s", exc)
-            return 2
+        return ServerNode(config).run()
     # KVSTORE_LAZY_PROFILE=PREFIX: run under cProfile (CPU time, so a loaded machine does not inflate it), write
     # PREFIX.<pid>.prof at a normal exit (scripts/bench.py --profile)
     import cProfile

@@ -2,7 +2,8 @@
 
 Owns: the LAZY_DECLARE command a worker sends before ``kv.init``, and an ``kv.init`` that ships no rows; reading
 the rows that exist and the optimizer states (:func:`fetch_rows`, :func:`fetch_states`) and writing states back
-(:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save``. It uses only what a
+(:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save`` of checkpoints with
+their sidecar (what each lazy key was declared with: :func:`declared`, ``kvstore_lazy.checkpoint``). It uses only what a
 stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``, pushes and pulls), so mxnet needs no
 rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet.
 
@@ -21,14 +22,18 @@ import weakref
 import mxnet as mx
 import numpy as np
 
+from . import checkpoint
 from .protocol import mxnet as proto
+from .protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
 
-__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
+__all__ = ["init_lazy", "declare", "declared", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
            "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
 
 _str_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, list[str]]" = weakref.WeakKeyDictionary()
 # per KVStore: virtual key -> the key to use for it (itself on an int-key KVStore, an alias name on a string-key one)
 _virtual_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, dict[int, object]]" = weakref.WeakKeyDictionary()
+# per KVStore: key id -> the declaration this process sent for it (what a checkpoint's sidecar records)
+_declarations: "weakref.WeakKeyDictionary[mx.kv.KVStore, dict[int, dict]]" = weakref.WeakKeyDictionary()
 
 
 def track(kv: "mx.kv.KVStore") -> None:
@@ -89,8 +94,20 @@ def declare(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: i
     Stock servers ignore the command. Every worker may send it; servers accept identical declarations.
     """
     kid = key_id(kv, key)
-    kv._send_command_to_servers(proto.LAZY_DECLARE, lazy_spec_body(kid, shape, dtype, init, seed).decode())
+    body = lazy_spec_body(kid, shape, dtype, init, seed)
+    kv._send_command_to_servers(proto.LAZY_DECLARE, body.decode())
+    _declarations.setdefault(kv, {})[kid] = checkpoint.lazy_spec(json.loads(body))
     return kid
+
+
+def declared(kv: "mx.kv.KVStore", key) -> dict:
+    """The declaration this process sent for lazy key `key` (:func:`declare`, :func:`init_lazy`): its key id, full
+    shape, dtype, initializer and seed, as a checkpoint's sidecar records them (``save_rows(..., specs=...)``)."""
+    kid = key_id(kv, key)
+    try:
+        return dict(_declarations[kv][kid])
+    except KeyError:
+        raise KeyError(f"key {key!r} (id {kid}) was not declared lazy on this KVStore") from None
 
 
 def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0) -> int:
@@ -130,7 +147,7 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
     materialized. On a string-key KVStore (Module) call :func:`register_virtual_keys` first, on every worker.
     """
     headers = _query(kv, key)
-    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    num_states = max((h.num_states for h in headers), default=0)
     per_server = _listed_ids(kv, headers)
     ids = np.concatenate(per_server) if per_server else np.zeros(0, np.int64)
     assert np.all(ids[1:] > ids[:-1]), "servers listed overlapping or unsorted rows"
@@ -194,8 +211,8 @@ def register_virtual_keys(kv: "mx.kv.KVStore", num_states: int, string_keys: boo
         known[virtual] = name
 
 
-def _query(kv, key) -> np.ndarray:
-    """LAZY_ROWS for `key`, then each server's header row (see core.KVServer._rows_header), shape (S, ROWS_WIDTH).
+def _query(kv, key) -> list[RowsHeader]:
+    """LAZY_ROWS for `key`, then each server's header row (protocol.kv.RowsHeader), one per server.
 
     Waits for this worker's pushes first: the command and the virtual keys are not ordered after them by the
     engine, and in dist_sync a push is answered once its round is applied, so what is read includes every round
@@ -205,7 +222,7 @@ def _query(kv, key) -> np.ndarray:
     servers = _num_servers()
     firsts = np.arange(servers, dtype=np.int64) * proto.rows_part(servers)
     _, headers = _pull_rows(kv, _vkey(kv, proto.ROWS_HEADER_KEY), _virtual_shape(servers), "float64", firsts)
-    return headers
+    return [RowsHeader.from_row(row) for row in headers]
 
 
 def _chunks(n: int) -> int:
@@ -229,9 +246,9 @@ def _read_chunks(kv, virtual: int, dtype, counts: list[int], first_row: int) -> 
     return out
 
 
-def _listed_ids(kv, headers: np.ndarray) -> list[np.ndarray]:
-    counts = headers[:, 0].astype(np.int64).tolist()
-    if np.any(headers[:, 3] == 2):   # a dense key: no rows to list
+def _listed_ids(kv, headers: list[RowsHeader]) -> list[np.ndarray]:
+    counts = [h.count for h in headers]
+    if any(h.kind == KIND_DENSE for h in headers):   # a dense key: no rows to list
         return [np.zeros(0, np.int64) for _ in counts]
     return [ids.astype(np.int64) for ids in _read_chunks(kv, proto.ROWS_HEADER_KEY, "float64", counts, 1)]
 
@@ -247,13 +264,13 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
     rows that exist; dense ones have `shape`. Not collective; reads, never creates, rows."""
     shape = tuple(int(d) for d in shape)
     headers = _query(kv, key)
-    kinds = set(headers[:, 3].astype(int).tolist()) - {0}
-    result = {"counts": headers[:, 4].astype(np.int64).tolist(),
-              "num_update": headers[:, 5].astype(np.int64).tolist(), "states": []}
-    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    kinds = {h.kind for h in headers} - {0}
+    result = {"counts": [h.update_count for h in headers], "num_update": [h.num_update for h in headers],
+              "states": []}
+    num_states = max((h.num_states for h in headers), default=0)
     if not kinds:
         return dict(result, kind="absent")
-    if kinds == {1}:
+    if kinds == {KIND_ROW_SPARSE}:
         per_server = _listed_ids(kv, headers)
         ids = np.concatenate(per_server)
         row_size = int(np.prod(shape[1:], dtype=np.int64))
@@ -262,13 +279,13 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
         result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape((len(ids),) + shape[1:])
                             for j in range(num_states)]
         return result
-    if kinds != {2}:
+    if kinds != {KIND_DENSE}:
         raise RuntimeError(f"key {key!r} is row_sparse on some servers and dense on others")
     size = int(np.prod(shape, dtype=np.int64))
-    counts = headers[:, 0].astype(np.int64).tolist()
+    counts = [h.count for h in headers]
     if sum(counts) != size:
         raise RuntimeError(f"servers hold {sum(counts)} values of key {key!r}, expected {size}")
-    if num_states and int(headers[headers[:, 3] == 2, 1].min()) != num_states:
+    if num_states and min(h.num_states for h in headers if h.kind == KIND_DENSE) != num_states:
         raise RuntimeError(f"key {key!r} has optimizer states on some servers only (not updated yet?)")
     result["kind"] = "dense"
     result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape(shape) for j in range(num_states)]
@@ -351,33 +368,33 @@ def restore_states(kv: "mx.kv.KVStore", key, shape, saved: dict) -> None:
          "num_update": [int(c) for c in saved.get("num_update", [])]}))
 
 
-def save_ndarrays(path: str, arrays: dict, save_fn=None) -> None:
+def save_ndarrays(path: str, arrays: dict, save_fn=None, lazy: dict | None = None) -> None:
     """``mx.nd.save(path, arrays)`` (or ``save_fn(path, arrays)``), atomically: written beside `path`, fsynced,
-    renamed over it, so a crash mid-save leaves the previous file intact."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    renamed over it, so a crash mid-save leaves the previous file intact. `lazy` (entry name -> declaration, as
+    :func:`declared` returns it) writes the checkpoint's sidecar with it (kvstore_lazy.checkpoint); ``{}`` removes
+    a stale one."""
+    with checkpoint.atomic_path(path, lazy) as tmp:
         (save_fn or mx.nd.save)(tmp, arrays)
-        _fsync(tmp)
-        os.replace(tmp, path)
-        _fsync(directory)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
-def _fsync(path: str) -> None:
-    from .checkpoint import fsync_path
-    fsync_path(path)
-
-
-def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:
+def save_rows(path: str, arrays: dict, prefix: str = "arg:", specs: dict | None = None) -> None:
     """Atomically ``mx.nd.save`` RowSparseNDArrays holding only the given rows.
 
     `arrays` maps a name to ``(shape, row_ids, values)`` (a RowSparseNDArray) or to an NDArray (saved as is). Names
-    get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. The file is written
-    beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file intact.
+    get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. `specs` maps a name of
+    `arrays` to the declaration of its lazy key (``declared(kv, key)``): the checkpoint's sidecar then says how to
+    rebuild the rows the file does not hold (``python -m kvstore_lazy.checkpoint densify``, the patched loaders).
+    The file is written beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file.
     """
+    for name, spec in (specs or {}).items():
+        value = arrays.get(name)
+        shape = value[0] if isinstance(value, tuple) else getattr(value, "shape", None)
+        want = (int(spec["rows"]),) + tuple(int(d) for d in spec["row_shape"])
+        stype = "row_sparse" if isinstance(value, tuple) else getattr(value, "stype", "default")
+        if value is None or tuple(int(d) for d in shape) != want or stype != "row_sparse":
+            got = "missing" if value is None else f"{stype} of shape {tuple(shape)}"
+            raise ValueError(f"save_rows: specs[{name!r}] describes a row_sparse array of shape {want}, but "
+                             f"arrays[{name!r}] is {got}")
     nd = {}
     for name, value in arrays.items():
         if isinstance(value, tuple):
@@ -387,21 +404,4 @@ def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:
                 (values, np.asarray(row_ids, np.int64)), shape=tuple(shape), dtype=values.dtype)
         else:
             nd[prefix + name] = value
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        mx.nd.save(tmp, nd)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    save_ndarrays(path, nd, lazy={prefix + name: spec for name, spec in (specs or {}).items()})
