@@ -3,21 +3,26 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# the compiled kernels, built in place by the editable install (setup.py); rebuilt when kernels.c changes
+KERNELS := kvstore_lazy/store/_kernels.so
 
 .PHONY: venv system-deps test-cluster test-docker test test-unit test-integration demo bench bench-quick patch unpatch clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(KERNELS)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml setup.py
 	@command -v ss >/dev/null && command -v cc >/dev/null || $(MAKE) system-deps
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
-	$(PY) -m kvstore_lazy.store.kernels
 	touch $(STAMP)
+
+$(KERNELS): kvstore_lazy/store/kernels.c $(STAMP)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m kvstore_lazy.store.kernels
+	touch $(KERNELS)
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
@@ -55,7 +60,7 @@ unpatch: venv
 	$(PY) scripts/patch_mxnet.py revert
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(KERNELS)
 
 bench-quick: venv
 	$(PY) scripts/bench.py --quick

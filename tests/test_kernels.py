@@ -1,11 +1,14 @@
-"""kvstore_lazy/store/kernels: building the C library, and the kernels the other tests don't reach directly.
+"""kvstore_lazy/store/kernels: loading the compiled library, and the kernels the other tests don't reach directly.
 
 The optimizer kernels are pinned bit for bit against MXNet in test_optimizers.py (both server paths), the hash index
-by test_rows.py's model tests; here: the build (fresh directory, failures with a clear error) and the sorted merge
-against a plain numpy reference, float32 (C) and other dtypes (numpy fallback).
+by test_rows.py's model tests; here: the library setup.py built (from this very kernels.c; missing, broken or stale
+libraries refused with a clear error) and the sorted merge against a plain numpy reference, float32 (C) and other
+dtypes (numpy fallback).
 """
-import ctypes
+import _ctypes
+import hashlib
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,48 +18,28 @@ from hypothesis import strategies as st
 from kvstore_lazy.store import kernels
 
 
-def test_build_compiles_a_fresh_copy_into_its_directory(tmp_path, monkeypatch):
-    source = tmp_path / "kernels.c"
+def test_the_library_was_built_from_the_source_beside_it():
+    assert kernels.LIBRARY.parent == kernels.SOURCE.parent and kernels.LIBRARY.name == "_kernels.so"
+    assert kernels._lib.kernels_digest().decode() == hashlib.sha256(kernels.SOURCE.read_bytes()).hexdigest()
+    assert all(hasattr(kernels._lib, name) for name in kernels._SIGNATURES)
+
+
+def test_missing_broken_or_stale_libraries_are_refused_saying_how_to_rebuild(tmp_path):
+    library, source = tmp_path / "_kernels.so", tmp_path / "kernels.c"
+    shutil.copy(kernels.LIBRARY, library)
     shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = kernels.build()
-    assert path.parent == tmp_path and path.name == kernels.library_name() and path.stat().st_size > 0
-    assert path.stat().st_mode & 0o755 == 0o755          # other users of the install can load it
-    assert kernels.build() == path                       # built once, then found
-    lib = ctypes.CDLL(str(path))
-    assert all(hasattr(lib, name) for name in kernels._SIGNATURES)
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("_kernels")] == [path.name]  # no temp files left
+    assert kernels.load(library, source).kernels_digest() == kernels._lib.kernels_digest()
+    assert kernels.load(library, tmp_path / "absent.c")                 # no source beside it: nothing to check
     source.write_text(source.read_text() + "\n/* changed */\n")
-    assert kernels.library_name() != path.name           # another source is another library, never a stale one
-    rebuilt = kernels.build()
-    assert rebuilt != path and rebuilt.exists() and not path.exists()   # and the stale one is cleaned up
-
-
-def test_build_in_the_shared_cache_leaves_other_installs_builds_alone(tmp_path, monkeypatch):
-    source = tmp_path / "src" / "kernels.c"
-    source.parent.mkdir()
-    shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    other = cache / "_kernels-0123456789abcdef.so"        # another version's build
-    other.write_bytes(b"x")
-    monkeypatch.setattr(kernels, "_candidates", lambda: [cache / kernels.library_name()])
-    assert kernels.build().parent == cache
-    assert other.exists()
-
-
-@pytest.mark.parametrize("cc", ["/nonexistent/cc", "false"])
-def test_build_without_a_working_compiler_says_so(tmp_path, monkeypatch, cc):
-    source = tmp_path / "kernels.c"
-    shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("CC", cc)
-    with pytest.raises(kernels.KernelBuildError, match="kernels.c"):
-        kernels.build()
-    assert not list(tmp_path.glob("_kernels*"))
+    with pytest.raises(kernels.KernelLoadError, match=r"built from another kernels\.c .*pip install"):
+        kernels.load(library, source)
+    with pytest.raises(kernels.KernelLoadError, match=r"absent\.so are missing: .*pip install"):
+        kernels.load(tmp_path / "absent.so", source)
+    (tmp_path / "junk.so").write_bytes(b"not a library")
+    with pytest.raises(kernels.KernelLoadError, match=r"cannot load .*junk\.so"):
+        kernels.load(tmp_path / "junk.so", source)
+    with pytest.raises(kernels.KernelLoadError, match="cannot load .*index_lookup_i32"):
+        kernels.load(Path(_ctypes.__file__), source)                   # a shared library, but not ours
 
 
 def reference_merge(ids_a, vals_a, ids_b, vals_b):
@@ -114,7 +97,7 @@ def test_update_rows_declines_arrays_the_kernels_cannot_take():
     """The server then gathers the rows and runs the numpy path; nothing is changed by the refusal."""
     import pickle
 
-    import mxnet as mx
+    mx = pytest.importorskip("mxnet")
 
     from kvstore_lazy.optimizers import load_optimizer
     for opt in (mx.optimizer.SGD(learning_rate=0.1, momentum=0.9), mx.optimizer.Adam()):

@@ -1,4 +1,5 @@
-/* Inner loops of the row store and of the SGD/Adam updates, called through ctypes (kernels.py builds and loads this).
+/* Inner loops of the row store and of the SGD/Adam updates, called through ctypes (setup.py builds it into
+ * _kernels.so at install time; kernels.py loads it).
  *
  * Each function replaces a chain of whole-array numpy passes, and the temporaries between them, with one loop over
  * the rows a request touches. Arrays are C-contiguous; kernels.py checks dtypes, shapes and slot ranges first.
@@ -10,6 +11,13 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifndef KERNELS_DIGEST
+#error "build with -DKERNELS_DIGEST=\"<sha256 of this file>\" (setup.py does)"
+#endif
+
+/* The SHA-256 of the source this library was built from: kernels.py refuses a library older than kernels.c. */
+const char *kernels_digest(void) { return KERNELS_DIGEST; }
 
 #define MULT 0xBF58476D1CE4E5B9ULL
 
