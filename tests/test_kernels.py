@@ -6,7 +6,9 @@ libraries refused with a clear error) and the sorted merge against a plain numpy
 dtypes (numpy fallback).
 """
 import _ctypes
+import decimal
 import hashlib
+import math
 import shutil
 from pathlib import Path
 
@@ -114,3 +116,74 @@ def test_update_rows_declines_arrays_the_kernels_cannot_take():
             assert ours.update_rows(3, w, s, sl, g) is False
         assert (weight == 1).all() and not any(s.any() for s in states)
         assert ours.update_rows(3, weight, states, slots, grad) is True and not (weight[[0, 2]] == 1).any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Box-Muller (initializers.NormalRows) with log/cos/sin of IEEE basic operations only
+
+def _correctly_rounded_sin_cos(x: float) -> tuple[float, float]:
+    """Taylor series in 45-digit decimal arithmetic from the exact double x (in [0, 2 pi])."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 45
+        x, tiny = decimal.Decimal(x), decimal.Decimal(10) ** -44
+        sums = []
+        for term, n in ((x, 1), (decimal.Decimal(1), 0)):
+            total = term
+            while abs(term) > tiny:
+                term = -term * x * x / ((n + 1) * (n + 2))
+                total, n = total + term, n + 2
+            sums.append(float(total))
+        return sums[0], sums[1]
+
+
+def _ulps(got: float, want: float) -> float:
+    if not want:
+        return 0.0 if got == want else math.inf
+    return abs(got - want) / math.ulp(want)
+
+
+def test_log_sin_cos_are_within_one_ulp_of_the_correctly_rounded_values():
+    rng = np.random.RandomState(9)
+    x = np.concatenate([rng.rand(3000), 1 - rng.rand(300) * 1e-9, [1.0, 0.5, 2.0 ** -53, 2.0 ** -1022]])
+    with decimal.localcontext() as ctx:
+        ctx.prec = 45
+        want = [float(decimal.Decimal(v).ln()) for v in x.tolist()]
+    assert max(_ulps(g, w) for g, w in zip(kernels.log_unit(x).tolist(), want)) <= 1
+    quarter = math.pi / 2
+    theta = np.concatenate([rng.rand(3000) * 6.283185307179586, [0.0, 1e-300, 6.283185307179586],
+                            [np.nextafter(k * quarter, d) for k in (1, 2, 3) for d in (0.0, 7.0)],
+                            [np.nextafter(4 * quarter, 0.0)]])
+    sin, cos = kernels.sincos(theta)
+    for s, c, t in zip(sin.tolist(), cos.tolist(), theta.tolist()):
+        want_s, want_c = _correctly_rounded_sin_cos(t)
+        assert _ulps(s, want_s) <= 1 and _ulps(c, want_c) <= 1, t.hex()
+
+
+def test_box_muller_is_those_functions_in_the_documented_order():
+    rng = np.random.RandomState(3)
+    u = np.concatenate([rng.rand(50, 6), [[0.0, 0.0, 1 - 2.0 ** -53, 0.999999, 0.5, 0.25]]])
+    two_pi = 6.283185307179586
+    sin, cos = kernels.sincos(u[:, 1::2] * two_pi)
+    rad = np.sqrt(-2.0 * kernels.log_unit(1.0 - u[:, 0::2]))
+    got = kernels.box_muller(u, two_pi)
+    assert np.array_equal(got[:, 0::2], rad * cos) and np.array_equal(got[:, 1::2], rad * sin)
+    assert np.array_equal(np.signbit(got[:, 0::2]), np.signbit(rad * cos))
+    # the same bits on every platform and numpy version (these were computed on x86-64 with numpy 1.23)
+    pinned = kernels.box_muller(np.array([0.25, 0.125, 0.9, 0.7, 1 - 2.0 ** -53, 0.5]), two_pi)
+    assert [v.hex() for v in pinned.tolist()] == [
+        '0x1.129dc7dcc0e5bp-1', '0x1.129dc7dcc0e5ap-1', '-0x1.538715144eeb6p-1', '-0x1.053d5b7141dc7p+1',
+        '-0x1.124b2800eda48p+3', '0x1.2e90351e31b9ap-50']
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kernels.box_muller(np.array([0.5, 0.5, 0.5]), 6.28),          # odd last axis
+    lambda: kernels.box_muller(np.array([0.5, 1.0]), 6.28),               # 1 is not in [0, 1)
+    lambda: kernels.box_muller(np.array([-0.5, 0.5]), 6.28),
+    lambda: kernels.log_unit(np.array([0.0])),
+    lambda: kernels.log_unit(np.array([1.5])),
+    lambda: kernels.sincos(np.array([7.0])),
+    lambda: kernels.sincos(np.array([np.nan])),
+])
+def test_box_muller_log_and_sincos_refuse_arguments_outside_their_domain(call):
+    with pytest.raises(ValueError, match="takes"):
+        call()

@@ -36,6 +36,9 @@ _SIGNATURES = {
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
     "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
+    "box_muller_f64": [_ptr, _i64, ctypes.c_double, _ptr],
+    "log_unit_f64": [_ptr, _i64, _ptr],
+    "sincos_f64": [_ptr, _i64, _ptr, _ptr],
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p}
@@ -161,6 +164,41 @@ def adam_rows(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale
     slots = _checked(weight, [mean, var], slots, grad)
     _lib.adam_rows(_addr(weight), _addr(mean), _addr(var), _addr(slots), len(slots), _addr(grad), weight.shape[1],
                    lr, wd, beta1, beta2, eps, rescale, clip, int(bool(square_first)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Box-Muller with log/cos/sin of IEEE basic operations only (caller: initializers.NormalRows): the same bits on
+# every machine and numpy version
+
+def box_muller(u: np.ndarray, two_pi: float) -> np.ndarray:
+    """For float64 uniforms ``u`` in [0, 1) taken in pairs along the (even) last axis: ``rad * cos(theta)``,
+    ``rad * sin(theta)`` with ``rad = sqrt(-2 ln(1 - u[2i]))``, ``theta = u[2i + 1] * two_pi``."""
+    u = np.ascontiguousarray(u, np.float64)
+    if u.ndim == 0 or u.shape[-1] % 2 or not ((u >= 0) & (u < 1)).all():
+        raise ValueError("box_muller takes uniforms in [0, 1) in pairs along the last axis")
+    out = np.empty_like(u)
+    _lib.box_muller_f64(_addr(u), u.size // 2, float(two_pi), _addr(out))
+    return out
+
+
+def log_unit(x: np.ndarray) -> np.ndarray:
+    """The natural log box_muller uses, for float64 ``x`` in [2**-1022, 1]."""
+    x = np.ascontiguousarray(x, np.float64)
+    if not ((x >= 2.0 ** -1022) & (x <= 1)).all():
+        raise ValueError("log_unit takes normal float64 values in (0, 1]")
+    out = np.empty_like(x)
+    _lib.log_unit_f64(_addr(x), x.size, _addr(out))
+    return out
+
+
+def sincos(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sine and cosine box_muller uses, for float64 ``theta`` in [0, 2 pi]."""
+    theta = np.ascontiguousarray(theta, np.float64)
+    if not ((theta >= 0) & (theta <= 6.283185307179586)).all():
+        raise ValueError("sincos takes float64 values in [0, 2 pi]")
+    sin, cos = np.empty_like(theta), np.empty_like(theta)
+    _lib.sincos_f64(_addr(theta), theta.size, _addr(sin), _addr(cos))
+    return sin, cos
 
 
 if __name__ == "__main__":
