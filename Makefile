@@ -35,6 +35,7 @@ test: venv
 # that do not import mxnet: SERVER_TESTS), then, under .venv, tests/test_server_python.py (arithmetic bit for bit
 # against MXNet and numpy 1.23) and real jobs whose servers run on SERVER_PYTHON (KVSTORE_LAZY_SERVER_PYTHON, see
 # tests/cluster.py) against stock scheduler and workers; last, checks that nothing wrote into its site-packages.
+# Another Python or numpy: make test-server-python SERVER_PYTHON=.../python3.12 SERVER_NUMPY=numpy==1.26.4
 PYENV_DIR     := $(or $(shell pyenv root 2>/dev/null),$(PYENV_ROOT),$(HOME)/.pyenv)
 SERVER_PYTHON ?= $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.13.*/bin/python3.13)))
 SERVER_VENV   := .venv-server
@@ -54,6 +55,7 @@ test-server-python: venv
 	$(PY) -m pip wheel --quiet --no-deps -w build/wheel .
 	$(SERVER_PYTHON) -m venv $(SERVER_VENV)
 	$(SERVER_VENV)/bin/python -m pip install --quiet -r requirements-server.txt build/wheel/kvstore_lazy-*.whl
+	$(if $(SERVER_NUMPY),$(SERVER_VENV)/bin/python -m pip install --quiet "$(SERVER_NUMPY)")
 	$(SERVER_VENV)/bin/python -I -c "import sys, numpy, zmq; print('server venv: Python', sys.version.split()[0], \
 	    'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
 	touch $(SERVER_VENV)/.installed
