@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # the compiled kernels, built in place by the editable install (setup.py); rebuilt when kernels.c changes
 KERNELS := kvstore_lazy/store/_kernels.so
+# matplotlib for the benchmark plots (the [bench] extra), pinned; numpy held at requirements.txt's pin
+BENCH_STAMP := $(VENV)/.bench-installed
 
 .PHONY: venv system-deps test-cluster test-docker test test-unit test-integration test-server-python demo bench \
         bench-quick patch unpatch clean
@@ -25,7 +27,11 @@ $(KERNELS): kvstore_lazy/store/kernels.c $(STAMP)
 	$(PY) -m kvstore_lazy.store.kernels
 	touch $(KERNELS)
 
-test: venv
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
+	touch $(BENCH_STAMP)
+
+test: venv $(BENCH_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
 	$(MAKE) test-server-python
 
@@ -89,7 +95,7 @@ test-integration: venv
 demo: venv
 	$(PY) scripts/demo.py
 
-bench: venv
+bench: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py
 
 patch: venv
@@ -101,5 +107,5 @@ unpatch: venv
 clean:
 	rm -rf $(VENV) $(SERVER_VENV) build *.egg-info $(KERNELS)
 
-bench-quick: venv
+bench-quick: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --quick

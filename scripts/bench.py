@@ -53,7 +53,7 @@ WORKERS = ROOT / "scripts" / "bench_workers"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(WORKERS))
 
-import pngplot  # noqa: E402
+import plots  # noqa: E402
 from common import read_results, row_stream  # noqa: E402
 from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 
@@ -1014,11 +1014,10 @@ def main(argv=None) -> int:
     (bench.out / "tables.txt").write_text(report + "\n")
     (bench.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     if series:
-        pngplot.plot(bench.out / "memory_vs_rows.png", series, "SERVER MEMORY VS ROWS SEEN (ONE SERVER)",
-                     "rows seen (distinct row ids touched by the workers)", "server RSS (MiB)",
-                     hlines=[(BUDGET / MiB, "8 GIB")],
-                     notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}. dashed: stock (its memory follows "
-                            f"input_dim, not rows seen)"])
+        plots.memory_vs_rows(bench.out / "memory_vs_rows.png", series, budget_mib=BUDGET / MiB,
+                             title="Server memory vs rows seen (one server)",
+                             notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; dashed: stock (its memory "
+                                    f"follows input_dim, not rows seen) and extrapolations"])
     print(f"\nwrote {bench.out / 'tables.txt'}, {bench.out / 'results.json'}"
           f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}; job logs under {bench.runs_dir}")
     failed = [r for r in bench.runs if r.server == "lazy" and not r.ok]
