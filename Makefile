@@ -36,15 +36,17 @@ test: venv $(BENCH_STAMP)
 	$(MAKE) test-server-python
 
 # The server as `pip install kvstore-lazy` gives it, on another Python: the wheel built from this tree (compiled
-# kernels inside), installed with requirements-server.txt alone into a venv of SERVER_PYTHON (CPython 3.13, numpy
-# 2). With no C compiler on PATH and no source tree on sys.path, it runs the server-side unit tests (the test files
-# that do not import mxnet: SERVER_TESTS), then, under .venv, tests/test_server_python.py (arithmetic bit for bit
-# against MXNet and numpy 1.23) and real jobs whose servers run on SERVER_PYTHON (KVSTORE_LAZY_SERVER_PYTHON, see
-# tests/cluster.py) against stock scheduler and workers; last, checks that nothing wrote into its site-packages.
+# kernels inside), installed with SERVER_NUMPY and requirements-server.txt alone into a venv of SERVER_PYTHON
+# (CPython 3.13, numpy 2). With no C compiler on PATH and no source tree on sys.path, it runs the server-side unit
+# tests (the test files that do not import mxnet: SERVER_TESTS), then, under .venv, tests/test_server_python.py
+# (arithmetic bit for bit against MXNet and numpy 1.23) and real jobs whose servers run on SERVER_PYTHON
+# (KVSTORE_LAZY_SERVER_PYTHON, see tests/cluster.py) against stock scheduler and workers; last, checks that nothing
+# wrote into its site-packages.
 # Another Python or numpy: make test-server-python SERVER_PYTHON=.../python3.12 SERVER_NUMPY=numpy==1.26.4
 PYENV_DIR     := $(or $(shell pyenv root 2>/dev/null),$(PYENV_ROOT),$(HOME)/.pyenv)
 SERVER_PYTHON ?= $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.13.*/bin/python3.13)))
 SERVER_VENV   := .venv-server
+SERVER_NUMPY  ?= numpy==2.5.5
 SERVER_TESTS  := tests/test_protocol.py tests/test_rows.py tests/test_kernels.py tests/test_compression.py \
                  tests/test_recovery.py tests/test_launch.py
 SERVER_JOBS   := tests/test_server_python.py \
@@ -60,8 +62,8 @@ test-server-python: venv
 	rm -rf build/wheel $(SERVER_VENV)
 	$(PY) -m pip wheel --quiet --no-deps -w build/wheel .
 	$(SERVER_PYTHON) -m venv $(SERVER_VENV)
-	$(SERVER_VENV)/bin/python -m pip install --quiet -r requirements-server.txt build/wheel/kvstore_lazy-*.whl
-	$(if $(SERVER_NUMPY),$(SERVER_VENV)/bin/python -m pip install --quiet "$(SERVER_NUMPY)")
+	$(SERVER_VENV)/bin/python -m pip install --quiet -r requirements-server.txt "$(SERVER_NUMPY)" \
+	    build/wheel/kvstore_lazy-*.whl
 	$(SERVER_VENV)/bin/python -I -c "import sys, numpy, zmq; print('server venv: Python', sys.version.split()[0], \
 	    'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
 	touch $(SERVER_VENV)/.installed
