@@ -22,17 +22,22 @@ def server_main(argv: list[str] | None = None) -> int:
     if args.materialize:
         os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
     from . import runtime
-    from .runtime import Config, ServerNode, StartupError
+    from .runtime import Config, StartupError
 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(runtime.NodeLogFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s kvstore_lazy %(node)s %(levelname)s %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
-        config = Config.from_env()
-    except StartupError as exc:
+        return _run(Config.from_env())
+    except StartupError as exc:   # configuration, bind, registration, snapshot: one line and status 2
         logging.getLogger("kvstore_lazy").error("%s", exc)
         return 2
+
+
+def _run(config) -> int:
+    from .runtime import ServerNode
+
     profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
     if not profile:
         return ServerNode(config).run()

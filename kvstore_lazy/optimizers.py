@@ -19,6 +19,7 @@ This module owns two things:
 whole dense array, or on the gathered rows of a row_sparse key, which gives
 MXNet's lazy_update semantics.
 """
+import copy
 import functools
 import io
 import math
@@ -260,6 +261,18 @@ class Optimizer:
         self._step(key, w, g, states, row_sparse)
         if w is not weight:
             weight[...] = w
+
+    def update_count(self, key) -> int:
+        """How many updates of `key` this optimizer counted (0 if none)."""
+        return int(self._index_update_count.get(key, 0))
+
+    def update_counts(self) -> dict:
+        """Every key's update count (a copy), for snapshots."""
+        return {k: int(v) for k, v in self._index_update_count.items()}
+
+    def set_update_count(self, key, count: int) -> None:
+        """Restore `key`'s update count (a snapshot or a worker checkpoint); ``num_update`` is restored apart."""
+        self._index_update_count[key] = int(count)
 
     # -- mxnet.optimizer.Optimizer bookkeeping --
     def _update_count(self, index):
@@ -690,3 +703,17 @@ def load_optimizer(body):
     if not isinstance(obj, Optimizer):
         raise UnsafePickleError(f'pickle holds {type(obj).__name__}, not an mxnet optimizer')
     return obj
+
+
+def check_runs(optimizer: Optimizer) -> None:
+    """One dense and one row_sparse step on a copy: a pickle of a real optimizer class whose hyper-parameters cannot
+    run (a string learning rate) is refused by kController instead of failing every later push."""
+    trial = copy.deepcopy(optimizer)
+    for row_sparse in (False, True):
+        weight = np.zeros((1, 1), np.float32)
+        try:
+            with np.errstate(all="ignore"):   # zeros may make 0/0 for a valid optimizer: only exceptions count
+                trial.update(0, weight, np.zeros((1, 1), np.float32), trial.init_states(weight),
+                             row_sparse=row_sparse)
+        except Exception as exc:
+            raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None

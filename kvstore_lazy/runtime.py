@@ -49,12 +49,14 @@ from pathlib import Path
 from . import membership
 from . import checkpoint
 from . import journal as journal_mod
+from .envvars import atoi_flag, flag
 from .protocol import ProtocolError
 from .protocol import mxnet as mx
-from .protocol.message import Message, decode_kv, identity_of
+from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, Meta
-from .server.core import KVServer, Request, node_name, restore_state, snapshot_state
-from .transport.zmq_van import ZmqVan
+from .server.core import KVServer, node_name
+from .server.resume import ResumeGate
+from .transport.zmq_van import BindError, ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
 
@@ -120,25 +122,6 @@ def _env_int(env, name: str, default: int | None = None) -> int:
         raise StartupError(f"{name}={value!r} is not an integer") from None
 
 
-def _flag(env, name: str) -> bool:
-    """One of kvstore_lazy's own on/off variables."""
-    return env.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _atoi_flag(env, name: str) -> bool:
-    """A ps-lite variable read as ps-lite does: atoi(value) != 0 (so "true" is off, as for stock nodes)."""
-    digits = ""
-    for i, ch in enumerate(env.get(name, "").strip()):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
-            digits += ch
-        else:
-            break
-    try:
-        return int(digits) != 0
-    except ValueError:
-        return False
-
-
 @dataclass
 class Config:
     root_uri: str
@@ -189,9 +172,9 @@ class Config:
             num_servers=_env_int(env, "DMLC_NUM_SERVER"),
             host=default_host() if env is os.environ else (env.get("DMLC_NODE_HOST") or default_host()),
             port=_env_int(env, "PORT", 0),
-            local=_atoi_flag(env, "DMLC_LOCAL"),
+            local=atoi_flag(env, "DMLC_LOCAL"),
             heartbeat_interval=float(env.get("PS_HEARTBEAT_INTERVAL", "0") or 0),
-            resend=_atoi_flag(env, "PS_RESEND"),
+            resend=atoi_flag(env, "PS_RESEND"),
             resend_timeout=_env_int(env, "PS_RESEND_TIMEOUT", 1000) / 1000.0,
             water_mark=_env_int(env, "DMLC_PS_WATER_MARK", 0),
             verbose=_env_int(env, "PS_VERBOSE", 0),
@@ -202,8 +185,8 @@ class Config:
             recover_rank=_env_int(env, "KVSTORE_LAZY_RECOVER_RANK", -1),
             snapshot_dir=env.get("KVSTORE_LAZY_SNAPSHOT_DIR", ""),
             snapshot_interval=float(env.get("KVSTORE_LAZY_SNAPSHOT_INTERVAL", "0") or 0),
-            journal=_flag(env, "KVSTORE_LAZY_JOURNAL"),
-            journal_fsync=_flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
+            journal=flag(env, "KVSTORE_LAZY_JOURNAL"),
+            journal_fsync=flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
         )
@@ -275,66 +258,6 @@ class Outbox:
         return [(recver, [bytes(f) for f in message.to_frames()]) for recver, message, *_ in self.pending.values()]
 
 
-class ResumeGate:
-    """A server that a *fresh* job started from a snapshot keeps what it restored:
-
-    - the first push of each restored key from worker rank 0 is that worker's ``kv.init`` (MXNet's workers must init
-      every key, and only rank 0 pushes the value): it is answered and dropped, so the restored rows, values and
-      optimizer states stay (Gluon's ``broadcast`` then pulls the restored dense values into the workers);
-    - until training pushes begin, a kController carrying the optimizer the snapshot has (every worker sends it in
-      ``set_optimizer``) is answered and dropped, so optimizer states and update counts stay. Another optimizer is
-      applied as usual (which, as on a stock server, starts fresh states).
-    """
-
-    def __init__(self, keys, optimizer_body: bytes | None, optimizer_skip: bool = True) -> None:
-        self.keys = set(int(k) for k in keys)
-        self.optimizer_body = optimizer_body
-        self.optimizer_skip = optimizer_skip and optimizer_body is not None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.keys) or self.optimizer_skip
-
-    def state(self) -> dict:
-        return {"await_init": sorted(self.keys), "optimizer_skip": self.optimizer_skip}
-
-    @classmethod
-    def from_state(cls, state: dict, optimizer_body: bytes | None) -> "ResumeGate":
-        return cls(state.get("await_init", []), optimizer_body, bool(state.get("optimizer_skip")))
-
-    def intercept(self, server: KVServer, msg: Message) -> list | None:
-        meta = msg.meta
-        if meta.simple_app:
-            if self.optimizer_skip and meta.head == mx.CONTROLLER and bytes(meta.body) == self.optimizer_body:
-                log.info("resume: %s sent the optimizer this server restored; keeping its states and counts",
-                         node_name(msg.sender))
-                reply = Meta(head=meta.head, timestamp=meta.timestamp, request=False, simple_app=True, app_id=0,
-                             customer_id=meta.customer_id)
-                return [(msg.sender, Message(reply))]
-            return None
-        if not meta.push:
-            return None
-        key = self._key_of(server, msg)
-        if key is not None and key in self.keys and msg.sender == membership.worker_id(0):
-            self.keys.discard(key)
-            log.info("resume: key %d restored from the snapshot; its kv.init push from worker 0 is dropped", key)
-            return [KVServer._reply(Request(msg.sender, meta))]
-        self.optimizer_skip = False
-        return None
-
-    @staticmethod
-    def _key_of(server: KVServer, msg: Message) -> int | None:
-        try:
-            kv = decode_kv(msg.data)
-            command = mx.decode_command(msg.meta.head)
-        except ProtocolError:
-            return None
-        i = 1 if command.request_type == mx.COMPRESSED else 0
-        if len(kv.keys) <= i or not server.key_begin <= int(kv.keys[i]) < server.key_end:
-            return None
-        return int(kv.keys[i]) - server.key_begin
-
-
 class ServerNode:
     """One kvstore_lazy server in a ps-lite job."""
 
@@ -363,10 +286,15 @@ class ServerNode:
 
     def run(self) -> int:
         try:
-            if self.config.recovery == "rejoin":
-                self.rejoin()
-            else:
-                self.start()
+            try:
+                if self.config.recovery == "rejoin":
+                    self.rejoin()
+                else:
+                    self.start()
+            except (BindError, OSError, ValueError, checkpoint.SnapshotError) as exc:
+                # a bind failure, a node list without us, an unreadable snapshot: one line for the operator
+                log.debug("start failed", exc_info=True)
+                raise StartupError(f"cannot start: {exc}") from exc
             self.serve()
             self.stop()
         finally:
@@ -504,16 +432,14 @@ class ServerNode:
 
     def quiescent(self) -> bool:
         """No dist_sync round is half-way: every push received so far is applied and answered."""
-        s = self.server
-        return s is not None and all(not e.requests for e in s.dense.values()) \
-            and all(not e.requests for e in s.sparse.values())
+        return self.server is not None and self.server.quiescent()
 
     def save_snapshot(self) -> None:
         """The state now into <dir>/rank<r> (and, with the journal, a fresh journal continuing from it). Call it only
         when quiescent if the journal is on: pending round merges are not in a snapshot."""
         assert self.server is not None
         started = time.monotonic()
-        meta, tables = snapshot_state(self.server)
+        meta, tables = self.server.snapshot()
         new_journal = None
         if self.journal is not None:
             pending = self.outbox.frames()
@@ -540,7 +466,7 @@ class ServerNode:
         """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
         assert self.server is not None
         started = time.monotonic()
-        meta, tables = snapshot_state(self.server)
+        meta, tables = self.server.snapshot()
         meta["tag"] = tag
         meta["quiescent"] = self.quiescent()
         path = checkpoint.write_snapshot(Path(self.config.snapshot_dir) / TAGGED_DIR, self.server.rank,
@@ -565,7 +491,7 @@ class ServerNode:
             return
         self._restore(directory, manifest)
         server_meta = manifest.get("server", {})
-        self.gate = ResumeGate(list(self.server.dense) + list(self.server.sparse), self.server.optimizer_body)
+        self.gate = ResumeGate(self.server.key_ids(), self.server.optimizer_body)
         log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
                  rank, directory, f" (tag {json.dumps(server_meta.get('tag'))})" if "tag" in server_meta else "",
                  len(manifest["keys"]))
@@ -578,7 +504,7 @@ class ServerNode:
                                f"this job has {self.server.num_servers}; restore through a worker checkpoint")
         tables = {int(k): dict(checkpoint.read_snapshot_key(directory, rank, int(k), info), meta=info)
                   for k, info in manifest["keys"].items()}
-        restore_state(self.server, manifest.get("server", {}), tables)
+        self.server.restore(manifest.get("server", {}), tables)
 
     def _new_journal_epoch(self) -> None:
         """A fresh start with the journal on: a new epoch whose base snapshot is the state now."""
@@ -702,8 +628,7 @@ class ServerNode:
         if self.journal is not None:
             self.journal.flush()
         if self.server is not None and self.config.snapshot_dir:
-            if self.server.snapshot_requested or now >= self._next_snapshot:
-                self.server.snapshot_requested = False
+            if now >= self._next_snapshot:
                 self._snapshot_due = True
                 if self.config.snapshot_interval > 0:
                     self._next_snapshot = now + self.config.snapshot_interval
@@ -795,12 +720,11 @@ class ServerNode:
         """One request through the resume gate and the KVServer (also what journal replay runs)."""
         assert self.server is not None
         if self.gate is not None and self.gate.active:
-            replies = self.gate.intercept(self.server, msg)
+            replies = self.gate.intercept(self.server.key_range, msg)
             if replies is not None:
                 return replies
         replies = self.server.handle(msg)
         if msg.meta.simple_app and msg.meta.head == mx.LAZY_SNAPSHOT:
-            self.server.snapshot_requested = False
             if self.config.snapshot_dir and not self._replaying:
                 self.save_tagged(_tag_of(bytes(msg.meta.body)))
                 self._snapshot_due = True

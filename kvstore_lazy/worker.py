@@ -22,6 +22,7 @@ import mxnet as mx
 import numpy as np
 
 from .protocol import mxnet as proto
+from .protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
 
 __all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
            "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
@@ -130,7 +131,7 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
     materialized. On a string-key KVStore (Module) call :func:`register_virtual_keys` first, on every worker.
     """
     headers = _query(kv, key)
-    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    num_states = max((h.num_states for h in headers), default=0)
     per_server = _listed_ids(kv, headers)
     ids = np.concatenate(per_server) if per_server else np.zeros(0, np.int64)
     assert np.all(ids[1:] > ids[:-1]), "servers listed overlapping or unsorted rows"
@@ -194,8 +195,8 @@ def register_virtual_keys(kv: "mx.kv.KVStore", num_states: int, string_keys: boo
         known[virtual] = name
 
 
-def _query(kv, key) -> np.ndarray:
-    """LAZY_ROWS for `key`, then each server's header row (see core.KVServer._rows_header), shape (S, ROWS_WIDTH).
+def _query(kv, key) -> list[RowsHeader]:
+    """LAZY_ROWS for `key`, then each server's header row (protocol.kv.RowsHeader), one per server.
 
     Waits for this worker's pushes first: the command and the virtual keys are not ordered after them by the
     engine, and in dist_sync a push is answered once its round is applied, so what is read includes every round
@@ -205,7 +206,7 @@ def _query(kv, key) -> np.ndarray:
     servers = _num_servers()
     firsts = np.arange(servers, dtype=np.int64) * proto.rows_part(servers)
     _, headers = _pull_rows(kv, _vkey(kv, proto.ROWS_HEADER_KEY), _virtual_shape(servers), "float64", firsts)
-    return headers
+    return [RowsHeader.from_row(row) for row in headers]
 
 
 def _chunks(n: int) -> int:
@@ -229,9 +230,9 @@ def _read_chunks(kv, virtual: int, dtype, counts: list[int], first_row: int) -> 
     return out
 
 
-def _listed_ids(kv, headers: np.ndarray) -> list[np.ndarray]:
-    counts = headers[:, 0].astype(np.int64).tolist()
-    if np.any(headers[:, 3] == 2):   # a dense key: no rows to list
+def _listed_ids(kv, headers: list[RowsHeader]) -> list[np.ndarray]:
+    counts = [h.count for h in headers]
+    if any(h.kind == KIND_DENSE for h in headers):   # a dense key: no rows to list
         return [np.zeros(0, np.int64) for _ in counts]
     return [ids.astype(np.int64) for ids in _read_chunks(kv, proto.ROWS_HEADER_KEY, "float64", counts, 1)]
 
@@ -247,13 +248,13 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
     rows that exist; dense ones have `shape`. Not collective; reads, never creates, rows."""
     shape = tuple(int(d) for d in shape)
     headers = _query(kv, key)
-    kinds = set(headers[:, 3].astype(int).tolist()) - {0}
-    result = {"counts": headers[:, 4].astype(np.int64).tolist(),
-              "num_update": headers[:, 5].astype(np.int64).tolist(), "states": []}
-    num_states = int(headers[:, 1].max()) if len(headers) else 0
+    kinds = {h.kind for h in headers} - {0}
+    result = {"counts": [h.update_count for h in headers], "num_update": [h.num_update for h in headers],
+              "states": []}
+    num_states = max((h.num_states for h in headers), default=0)
     if not kinds:
         return dict(result, kind="absent")
-    if kinds == {1}:
+    if kinds == {KIND_ROW_SPARSE}:
         per_server = _listed_ids(kv, headers)
         ids = np.concatenate(per_server)
         row_size = int(np.prod(shape[1:], dtype=np.int64))
@@ -262,13 +263,13 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
         result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape((len(ids),) + shape[1:])
                             for j in range(num_states)]
         return result
-    if kinds != {2}:
+    if kinds != {KIND_DENSE}:
         raise RuntimeError(f"key {key!r} is row_sparse on some servers and dense on others")
     size = int(np.prod(shape, dtype=np.int64))
-    counts = headers[:, 0].astype(np.int64).tolist()
+    counts = [h.count for h in headers]
     if sum(counts) != size:
         raise RuntimeError(f"servers hold {sum(counts)} values of key {key!r}, expected {size}")
-    if num_states and int(headers[headers[:, 3] == 2, 1].min()) != num_states:
+    if num_states and min(h.num_states for h in headers if h.kind == KIND_DENSE) != num_states:
         raise RuntimeError(f"key {key!r} has optimizer states on some servers only (not updated yet?)")
     result["kind"] = "dense"
     result["states"] = [_read_flat(kv, proto.flat_state_key(j), counts).reshape(shape) for j in range(num_states)]

@@ -24,8 +24,9 @@ Exit status 0 unless one of our jobs failed (stock failures where stock cannot d
     python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale] [--out bench-results]
                             [--profile] [--no-stock] [--verbose] [--report-only]
 
---quick takes ~2-3 minutes (10 jobs), the default (full) preset ~15 minutes and up to ~9 GiB of RAM for one server
-(scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker building a (1e7, 64) weight. --report-only rebuilds
+--quick takes ~2-3 minutes (10 jobs); the default (full) preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on
+2026-11-30) and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker
+building a (1e7, 64) weight. --report-only rebuilds
 the tables, JSON and plot from the job records a run left in --out. scripts/bench_workers/replay.py measures the
 server's CPU per step in-process (no sockets), steady enough for an optimisation's before/after.
 """

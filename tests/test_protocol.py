@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from kvstore_lazy.protocol import ProtocolError
 from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol import pbmeta
 from kvstore_lazy.protocol.message import KVPairs, Message, decode_kv, identity_of, parse_identity
 from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, CMD_EMPTY, DT_INT32, DT_OTHER, DT_UINT64, EMPTY,
                                           HEARTBEAT, SCHEDULER, SERVER, TERMINATE, WORKER, Control, Meta, Node,
@@ -480,6 +481,7 @@ metas = st.builds(
 @example(Meta(head=0, customer_id=0, control=Control(cmd=ACK, msg_sig=(1 << 64) - 1)))
 def test_meta_round_trip(meta):
     encoded = encode_meta(meta)
+    assert encoded == pbmeta._encode_meta_slow(meta)   # the fast encoder writes the reference bytes
     decoded = decode_meta(encoded)
     assert decoded == meta
     assert encode_meta(decoded) == encoded
@@ -786,7 +788,17 @@ def test_fuzz_decode_meta(data):
     try:
         meta = decode_meta(data)
     except ProtocolError:
+        with pytest.raises(ProtocolError):   # the reference decoder refuses it too
+            pbmeta._decode_meta_slow(data)
         return
+    # the fast paths agree with the reference codec: same Meta decoded, same bytes encoded
+    assert pbmeta._decode_meta_slow(data) == meta
+    try:
+        fast = pbmeta._decode_meta_fast(data)
+    except (ProtocolError, IndexError):
+        fast = None
+    assert fast is None or fast == meta
+    assert encode_meta(meta) == pbmeta._encode_meta_slow(meta)
     # whatever decodes can be encoded again, and that encoding decodes
     decode_meta(encode_meta(meta))
 

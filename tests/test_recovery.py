@@ -14,9 +14,10 @@ from kvstore_lazy import checkpoint, journal, membership
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.message import KVPairs, Message
 from kvstore_lazy.protocol.pbmeta import Meta
-from kvstore_lazy.runtime import (Config, Outbox, ResumeGate, StartupError, find_membership, membership_path,
+from kvstore_lazy.runtime import (Config, Outbox, StartupError, find_membership, membership_path,
                                   _rejoin_timestamp)
 from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.resume import ResumeGate
 
 import faultjob
 
@@ -94,14 +95,14 @@ def test_resume_gate_drops_the_init_push_and_the_same_optimizer():
     w0, w1 = membership.worker_id(0), membership.worker_id(1)
     server.handle(_push(w0, 4, np.arange(3.0), 0))                       # a restored dense key
     gate = ResumeGate([4], optimizer_body=b"OPT")
-    same = gate.intercept(server, _command(w1, mx.CONTROLLER, b"OPT", 1))
+    same = gate.intercept(server.key_range, _command(w1, mx.CONTROLLER, b"OPT", 1))
     assert same is not None and same[0][0] == w1 and same[0][1].meta.simple_app and not same[0][1].meta.request
-    assert gate.intercept(server, _command(w1, mx.CONTROLLER, b"OTHER", 2)) is None
-    assert gate.intercept(server, _push(w1, 4, np.ones(3), 3)) is None   # not rank 0: a gradient
+    assert gate.intercept(server.key_range, _command(w1, mx.CONTROLLER, b"OTHER", 2)) is None
+    assert gate.intercept(server.key_range, _push(w1, 4, np.ones(3), 3)) is None   # not rank 0: a gradient
     assert not gate.optimizer_skip                                       # training began: optimizers apply again
-    replies = gate.intercept(server, _push(w0, 4, np.full(3, 9.0), 4))   # rank 0's kv.init of the restored key
+    replies = gate.intercept(server.key_range, _push(w0, 4, np.full(3, 9.0), 4))   # rank 0's kv.init of the restored key
     assert replies is not None and replies[0][1].meta.push and replies[0][1].meta.timestamp == 4
-    assert gate.intercept(server, _push(w0, 4, np.ones(3), 5)) is None   # only the first one
+    assert gate.intercept(server.key_range, _push(w0, 4, np.ones(3), 5)) is None   # only the first one
     assert not gate.active
     state = ResumeGate([4, 7], b"OPT").state()
     assert ResumeGate.from_state(state, b"OPT").state() == state == {"await_init": [4, 7], "optimizer_skip": True}

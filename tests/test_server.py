@@ -98,22 +98,13 @@ class Peer:
 
 def stored(server: KVServer) -> dict:
     """Everything a rejected request must leave alone: values, master copies, states, rows, pending rounds,
-    declarations and settings."""
-    state: dict = {"sync": server.sync_mode, "mp": server.multi_precision, "compression": server.compression,
-                   "optimizer": server.optimizer_body,
-                   "specs": {k: v.to_json() for k, v in server.specs.items()}}
-    for key, e in server.dense.items():
-        state[("dense", key)] = (e.dtype, e.value.tobytes(), None if e.master is None else e.master.tobytes(),
-                                 [s.tobytes() for s in e.states or []],
-                                 e.merged.tobytes() if e.requests else None,
-                                 [(r.sender, r.meta.timestamp) for r in e.requests])
-    for key, e in server.sparse.items():
-        ids, weights, states = e.table.items()
-        state[("sparse", key)] = (e.dtype, e.row_size, e.local_rows, e.row_offset, ids.tobytes(), weights.tobytes(),
-                                  [s.tobytes() for s in states],
-                                  None if e.merged_ids is None else (e.merged_ids.tobytes(), e.merged_vals.tobytes()),
-                                  [(r.sender, r.meta.timestamp) for r in e.requests])
-    return state
+    declarations and settings (the server's public inspection of itself)."""
+    return server.inspect()
+
+
+def row_ids(server: KVServer, key: int) -> list[int]:
+    """The rows of `key` that exist, ascending (the server's public snapshot)."""
+    return server.snapshot()[1][key]["row_ids"].tolist()
 
 
 def error_lines(caplog) -> list[str]:
@@ -288,8 +279,7 @@ def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch)
     assert reply.data == []
     got = peer.values(w1.rsp_pull(7, [3, 500, 999])).reshape(3, 4)
     np.testing.assert_array_equal(got, initial([3, 500, 999], 1000, 4))   # the worker sends sorted unique ids
-    entry = peer.server.sparse[7]
-    assert sorted(entry.table.row_ids().tolist()) == [3, 500, 999]        # materialize='touch': pulls store
+    assert row_ids(peer.server, 7) == [3, 500, 999]                      # materialize='touch': pulls store
     # a push updates from the initial values
     assert peer.send(w0.rsp_push(7, [3], f32(1, 1, 1, 1))) == []
     assert len(peer.send(w1.rsp_push(7, [], np.zeros((0, 4))))) == 2
@@ -304,14 +294,13 @@ def test_lazy_materialize_push_pull_stores_nothing(monkeypatch):
     peer.ok(w0.rsp_push(7, [], np.zeros((0, 6))))
     got = peer.values(w0.rsp_pull(7, [0, 10, 49])).reshape(3, 6)
     np.testing.assert_array_equal(got, initial([0, 10, 49], 50, 6).reshape(3, 6))
-    table = peer.server.sparse[7].table
-    assert len(table) == 0                                      # pulls computed the rows, stored none
+    assert row_ids(peer.server, 7) == []                         # pulls computed the rows, stored none
     peer.ok(w0.rsp_push(7, [10], np.ones((1, 6))))
-    assert table.row_ids().tolist() == [10]
+    assert row_ids(peer.server, 7) == [10]
     got = peer.values(w0.rsp_pull(7, [9, 10])).reshape(2, 6)
     np.testing.assert_array_equal(got[0], initial([9], 50, 6)[0])
     np.testing.assert_array_equal(got[1], initial([10], 50, 6)[0] + 1)
-    assert table.row_ids().tolist() == [10]
+    assert row_ids(peer.server, 7) == [10]
 
 
 def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, caplog):
@@ -328,7 +317,7 @@ def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, 
     np.testing.assert_array_equal(got, initial([6, 10], rows, dim))
     peer.ok(w0.rsp_push(7, [2], f32(1, 1, 1)))
     np.testing.assert_array_equal(peer.values(w0.rsp_pull(7, [2])), initial([8], rows, dim)[0] + 1)
-    assert sorted(peer.server.sparse[7].table.row_ids().tolist()) == [6, 8, 10]
+    assert row_ids(peer.server, 7) == [6, 8, 10]
     caplog.clear()
     reply = peer.call(w0.rsp_pull(7, [5]), good=False)         # local row 5 = global row 11: out of range
     assert decode_kv(reply.data).vals == b""
@@ -358,7 +347,7 @@ def test_multi_precision_fp16_dense_keeps_float32_master():
         got = peer.values(w0.pull(key, F16), np.float16)
         np.testing.assert_array_equal(got, master.astype(np.float16))
         assert (got > 1).all()                                   # fp16 arithmetic alone would have stayed at 1
-        np.testing.assert_array_equal(peer.server.dense[key].master, master)
+        np.testing.assert_array_equal(peer.server.snapshot()[1][key]["weights"].reshape(-1), master)
 
 
 def test_multi_precision_fp16_row_sparse():
@@ -377,7 +366,7 @@ def test_multi_precision_fp16_row_sparse():
     assert got[0].tolist() == [1, 1]
     np.testing.assert_array_equal(got[1], np.full(2, master, np.float32).astype(np.float16))
     assert got[1][0] > 1
-    assert peer.server.sparse[5].table.dtype == np.float32
+    assert peer.server.snapshot()[1][5]["weights"].dtype == np.float32
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -517,6 +506,10 @@ BAD = {
     "unsorted-row-ids-pull": (lambda r: r.rsp_pull(5, [3, 1]), 5),
     "unsorted-row-ids-push": (lambda r: r.rsp_push(5, [3, 1], f32(1, 1, 1, 1)), 5),
     "row-key-below-master": (lambda r: r.kv(RSP, [5, 4], b"", push=False, pull=True), 5),
+    # row ids past int64 (a 64-bit row key decoded to a negative int64 would pass a range check)
+    "row-id-2^63-pull": (lambda r: r.kv(RSP, [5, 5 + 2 ** 63], b"", push=False, pull=True), 5),
+    "row-id-near-2^64-pull": (lambda r: r.kv(RSP, [5, 2 ** 64 - 1], b"", push=False, pull=True), 5),
+    "lazy-row-id-2^63-push": (lambda r: r.kv(RSP, [7, 7 + 2 ** 63 + 7], f32(1, 1).tobytes(), [0, 8], push=True), 7),
     "rsp-lens0-not-zero": (lambda r: r.kv(RSP, [5, 6], f32(1, 1).tobytes(), [8, 8], push=True), 5),
     "rsp-row-lens-differ": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1, 1).tobytes(), [0, 8, 4], push=True), 5),
     "rsp-vals-size-mismatch": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1).tobytes(), [0, 8, 8], push=True), 5),
@@ -627,6 +620,21 @@ def test_unidentified_sender_is_dropped(loaded, caplog):
     assert peer.send(msg) == []                                  # nobody to answer
     (line,) = error_lines(caplog)
     assert "unidentified" in line
+    check_good(peer, w0)
+
+
+def test_a_reply_arriving_as_a_request_is_dropped(loaded, caplog):
+    """A message with request=0 is a reply (ours, echoed back by a peer posing as us, or forged): never served, or
+    a server could answer its own replies forever."""
+    peer, w0 = loaded
+    for msg in (w0.pull(3), w0.push(3, f32(9, 9, 9, 9)), w0.command(proto.STOP_SERVER)):
+        msg.meta.request = False
+        before = stored(peer.server)
+        caplog.clear()
+        assert peer.send(msg) == []
+        (line,) = error_lines(caplog)
+        assert "dropping a reply" in line and NAME[WORKER0] in line
+        assert stored(peer.server) == before and not peer.server.stopped
     check_good(peer, w0)
 
 
@@ -748,6 +756,30 @@ BAD_COMMANDS = {
         {"key": 11, "rows": 10, "row_shape": [2], "init": '["orthogonal", {}]'}).encode()),
     "declare-zero-rows": (proto.LAZY_DECLARE, json.dumps(
         {"key": 11, "rows": 0, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1e300": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1e300, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1.5": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1.5, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-empty": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-string": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": "8", "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-float": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [8.5], "init": '["zero", {}]'}).encode()),
+    "declare-row-size-2^20": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [1 << 20], "init": '["zero", {}]'}).encode()),
+    "declare-dtype-null": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "dtype": None, "init": '["zero", {}]'}).encode()),
+    "declare-bound-0": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "bound": 0, "init": '["zero", {}]'}).encode()),
+    "declare-key-minus-1": (proto.LAZY_DECLARE, json.dumps(
+        {"key": -1, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-key-2^64": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 2 ** 64, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-a-virtual-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": proto.ROWS_HEADER_KEY, "rows": 10, "row_shape": [64], "init": '["zero", {}]'}).encode()),
+    "declare-over-a-dense-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 3, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
     "rows-query-empty-object": (proto.LAZY_ROWS, b"{}"),
     "rows-query-a-list": (proto.LAZY_ROWS, b"[5]"),
     "rows-query-key-not-a-number": (proto.LAZY_ROWS, b'{"key": "five"}'),
@@ -781,7 +813,7 @@ _frame = st.binary(max_size=40)
 _keys = st.lists(st.sampled_from([0, 1, 3, 4, 5, 6, 7, 8, 105, B1 + 3, 2 ** 64 - 1,
                                   # the virtual row-listing / optimizer-state keys
                                   proto.ROWS_HEADER_KEY, proto.ROWS_HEADER_KEY + 1, proto.ROWS_HEADER_KEY + 8,
-                                  proto.rows_state_key(3, 0), proto.rows_state_key(5, 1)]), max_size=5)
+                                  proto.ROWS_HEADER_KEY + 40, proto.ROWS_HEADER_KEY + 57]), max_size=5)
 
 
 @st.composite

@@ -32,6 +32,18 @@ def rows_of(reply, dtype):
     return np.frombuffer(kv.vals, dtype).reshape(-1, W)
 
 
+def table_rows(server, key, ids):
+    """(weights, [states]) of rows `ids` of `key`, read through the server's public snapshot."""
+    table = server.snapshot()[1][key]
+    pos = np.searchsorted(table["row_ids"], np.asarray(ids, np.uint64))
+    assert table["row_ids"][pos].tolist() == list(ids), "a row does not exist"
+    return table["weights"][pos], [s[pos] for s in table["states"]]
+
+
+def dense_states(server, key):
+    return [s.reshape(-1) for s in server.snapshot()[1][key]["states"]]
+
+
 def trained_server(w):
     """1 server, Adam, lazy key KEY trained on rows 1, 5, 7 (twice) and a dense key 4 trained once."""
     server = KVServer(0, 1, 1)
@@ -57,8 +69,7 @@ def test_states_read_through_aliases_equal_the_table():
     np.testing.assert_array_equal(header[0, :6], [3, 2, DIM, 1, 2, 2])   # rows, states, row size, kind, count, num_update
     np.testing.assert_array_equal(header[1, :4], [1, 5, 7, -1])
     flat = rows_of(call(server, w.rsp_pull(11, [0], F32)), np.float32)
-    entry = server.sparse[KEY]
-    want = entry.table.states(entry.table.lookup(np.array([1, 5, 7], np.uint64)))[1].reshape(-1)
+    want = table_rows(server, KEY, [1, 5, 7])[1][1].reshape(-1)
     np.testing.assert_array_equal(flat[0, :9], want)
     assert np.all(flat[0, 9:] == 0) and np.any(want != 0)
     # a dense key: this server's part of its states, header kind 2
@@ -66,14 +77,13 @@ def test_states_read_through_aliases_equal_the_table():
     header = rows_of(call(server, w.rsp_pull(10, [0], F64)), np.float64)
     np.testing.assert_array_equal(header[0, :6], [6, 2, 0, 2, 1, 2])
     flat = rows_of(call(server, w.rsp_pull(proto.flat_state_key(0), [0], F32)), np.float32)
-    np.testing.assert_array_equal(flat[0, :6], server.dense[4].states[0])
+    np.testing.assert_array_equal(flat[0, :6], dense_states(server, 4)[0])
 
 
 def test_restore_writes_states_and_counts_into_a_fresh_server():
     w = Requests(WORKER0)
     source = trained_server(w)
-    entry = source.sparse[KEY]
-    states = entry.table.states(entry.table.lookup(np.array([1, 5, 7], np.uint64)))
+    states = table_rows(source, KEY, [1, 5, 7])[1]
 
     target = KVServer(0, 1, 1)
     call(target, w.command(proto.CONTROLLER, pickle.dumps(mxnet.optimizer.create("adam", learning_rate=0.1), 0)))
@@ -89,17 +99,16 @@ def test_restore_writes_states_and_counts_into_a_fresh_server():
         call(target, w.rsp_push(proto.flat_state_key(j), [0], flat[None], F32))
     call(target, w.command(proto.LAZY_SET_COUNTS, json.dumps({"key": KEY, "counts": [2], "num_update": [2]})))
     assert target.bad_requests == 0
-    got = target.sparse[KEY]
-    slots = got.table.lookup(np.array([1, 5, 7], np.uint64))
-    assert np.all(slots >= 0)   # row 7 was not in the checkpoint's weights: created with its initial value
-    for want, have in zip(states, got.table.states(slots)):
+    # row 7 was not in the checkpoint's weights: created with its initial value
+    weights, have_states = table_rows(target, KEY, [1, 5, 7])
+    for want, have in zip(states, have_states):
         np.testing.assert_array_equal(have, want)
-    np.testing.assert_array_equal(got.table.weights(slots[:2]), np.full((2, DIM), 0.5, np.float32))
-    assert target.optimizer._index_update_count[KEY] == 2 and target.optimizer.num_update == 2
+    np.testing.assert_array_equal(weights[:2], np.full((2, DIM), 0.5, np.float32))
+    assert target.optimizer.update_count(KEY) == 2 and target.optimizer.num_update == 2
     # the dense key's states, one chunk
     call(target, w.command(proto.LAZY_ROWS, json.dumps({"key": 4})))
     call(target, w.rsp_push(proto.flat_state_key(1), [0], np.arange(W, dtype=np.float32)[None], F32))
-    np.testing.assert_array_equal(target.dense[4].states[1], np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(dense_states(target, 4)[1], np.arange(6, dtype=np.float32))
     assert target.bad_requests == 0
 
 
@@ -108,9 +117,7 @@ def test_restore_writes_states_and_counts_into_a_fresh_server():
 def test_bad_restores_are_rejected_and_change_nothing(case, caplog):
     w = Requests(WORKER0)
     server = trained_server(w)
-    entry = server.sparse[KEY]
-    slots = entry.table.lookup(np.array([1, 5, 7], np.uint64))
-    before = [s.copy() for s in entry.table.states(slots)]
+    before = table_rows(server, KEY, [1, 5, 7])[1]
     if case != "no query":
         call(server, w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))
     caplog.set_level(logging.ERROR)
@@ -127,7 +134,7 @@ def test_bad_restores_are_rejected_and_change_nothing(case, caplog):
     else:
         call(server, w.rsp_push(proto.flat_state_key(0), [0], np.zeros((1, W)), F32))
     assert server.bad_requests == 1 and "bad request" in caplog.text
-    for want, have in zip(before, entry.table.states(slots)):
+    for want, have in zip(before, table_rows(server, KEY, [1, 5, 7])[1]):
         np.testing.assert_array_equal(have, want)
 
 
@@ -143,4 +150,4 @@ def test_alias_conflicts_are_refused():
                  {"alias": proto.ROWS_HEADER_KEY, "key": proto.ROWS_HEADER_KEY}):
         call(server, w.command(proto.LAZY_ALIAS, json.dumps(body)))
     assert server.bad_requests == 4
-    assert server.aliases == {10: proto.ROWS_HEADER_KEY}
+    assert server.snapshot()[0]["aliases"] == {"10": proto.ROWS_HEADER_KEY}

@@ -21,26 +21,19 @@ CONTROLLER, SET_MULTI_PRECISION, STOP_SERVER, SYNC_MODE, SET_GRADIENT_COMPRESSIO
 # kvstore_lazy's own SimpleApp heads; stock servers answer unknown heads and ignore them.
 LAZY_DECLARE, LAZY_STATS, LAZY_ROWS, LAZY_SNAPSHOT = 100, 101, 102, 103
 
-# Virtual row_sparse keys through which a stock worker reads what rows exist (see kvstore_lazy.worker.fetch_rows).
-# A pull of ROWS_HEADER_KEY (float64, ROWS_WIDTH wide, rows_part(S) rows per server) answers, per server: local row 0 =
-# [number of rows, number of optimizer states, row size, 0...], local row r >= 1 = the row ids r-1 * ROWS_WIDTH ...
-# (float64, exact below 2**53; padded with -1). A pull of rows_state_key(K, j) returns optimizer state j of key K's
-# rows, by the same row ids as K.
+# Virtual row_sparse keys through which a stock worker reads what rows exist (see kvstore_lazy.worker.fetch_rows and
+# server/state_transfer.py). A pull of ROWS_HEADER_KEY (float64, ROWS_WIDTH wide, rows_part(S) rows per server)
+# answers, per server: local row 0 = protocol.kv.RowsHeader, local row r >= 1 = the row ids r-1 * ROWS_WIDTH ...
+# (float64, exact below 2**53; padded with -1).
 ROWS_HEADER_KEY = 1 << 30
 ROWS_WIDTH = 64
+MAX_STATES = 8
 
 
 def rows_part(num_servers: int) -> int:
     """Rows of ROWS_HEADER_KEY per server: as many as a stock worker can allocate (an NDArray of the whole virtual
     shape must stay below 2**31 elements without USE_INT64_TENSOR_SIZE)."""
     return (2 ** 31 - 2) // (ROWS_WIDTH * num_servers)
-
-STATE_KEY_BASE = ROWS_HEADER_KEY + 16
-MAX_STATES = 8
-
-
-def rows_state_key(key: int, state: int) -> int:
-    return STATE_KEY_BASE + key * MAX_STATES + state
 
 
 def is_virtual_key(key: int) -> bool:

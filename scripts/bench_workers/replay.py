@@ -131,7 +131,7 @@ def main() -> int:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     result = {"kind": args.kind, "steps": args.steps, "cpu_ms_per_step": cpu / args.steps * 1e3,
               "wall_ms_per_step": wall / args.steps * 1e3, "reply_bytes": sent,
-              "rows_stored": sum(len(e.table) for e in server.sparse.values())}
+              "rows_stored": sum(s["rows"] for s in server.stats()["sparse"].values())}
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,0 +1,235 @@
+"""One KV data request, decoded and checked once: the boundary between a peer's bytes and the server's semantics.
+
+Owns: turning a ps-lite data message into a frozen :class:`DataRequest` (request type, dtype, this server's key,
+row ids, values shaped) or one :class:`BadRequest`; the layout of replies (:func:`reply`, :func:`rows_reply`,
+:func:`refusal`); the header row of the row-listing virtual key (:class:`RowsHeader`), read by the worker and
+written by the server.
+Does not own: what a request means (``server``), sockets (``transport``).
+
+Like ps-lite's ``KVServer::Process`` (kv_app.h), a request is decoded once before any semantics run; handlers never
+look at frames again. Layout checks follow MXNet 1.9.1's ``KVStoreDistServer`` (kvstore_dist_server.h): a default
+request carries one key (``DataHandleDefault``), a compressed push two keys ``[original size, key]`` and two lens
+(``DataHandleCompressed``), a row_sparse request the master key then one key per row, ``lens[0] == 0`` and every
+row's len equal (``DataHandleRowSparse``). Where the stock server CHECK-fails, this raises :class:`BadRequest`.
+
+Names: ``key`` is this server's key (the wire key minus the start of the server's key range), ``local_ids`` the
+row ids as the worker sent them (row key minus master key; for a partitioned key, relative to the server's first
+row). Row ids are checked against the whole 64-bit range: the stock server truncates them to int.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import mxnet as mx
+from .errors import ProtocolError
+from .message import KVPairs, Message, decode_kv
+from .pbmeta import Meta
+
+MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
+
+
+class BadRequest(Exception):
+    """A request this server refuses; `key` (or None) and `reason` go into the one log line."""
+
+    def __init__(self, key: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    sender: int
+    meta: Meta
+    request_type: int                 # mx.DEFAULT, mx.ROW_SPARSE or mx.COMPRESSED
+    dtype: np.dtype
+    key: int                          # this server's key
+    keys: np.ndarray                  # the keys as sent, echoed in replies
+    local_ids: np.ndarray             # row_sparse: sorted unique int64 row ids as sent; else empty
+    values: np.ndarray | None = None  # a push's values: (n,) dense, (rows, row size) row_sparse, uint8 compressed
+    original_size: int = 0            # a compressed push: how many values its payload decodes to
+
+    @property
+    def push(self) -> bool:
+        return bool(self.meta.push)
+
+    @property
+    def pull(self) -> bool:
+        return bool(self.meta.pull)
+
+
+class KeyRange:
+    """The keys of server `rank` of `num_servers` (Postoffice::GetServerKeyRanges)."""
+
+    def __init__(self, rank: int, num_servers: int) -> None:
+        self.begin = mx.server_key_begin(rank, num_servers)
+        self.end = mx.server_key_end(rank, num_servers)
+
+    def decode(self, raw: int) -> int:
+        if not self.begin <= raw < self.end:
+            raise BadRequest(raw, f"key {raw} is outside this server's key range [{self.begin}, {self.end})")
+        return raw - self.begin
+
+    def hint(self, msg: Message) -> int | None:
+        """The key a request names even when its frames or head do not decode (keys[0]; keys[1] for a compressed
+        push, whose keys[0] carries the size), or None: for the log line, the poison set and the resume gate."""
+        raw = bytes(msg.data[0]) if msg.data else b""
+        keys = np.frombuffer(raw[:len(raw) - len(raw) % 8], "<u8")
+        i = 1 if msg.meta.push and msg.meta.head == mx.command_code(mx.COMPRESSED, mx.FLOAT32) else 0
+        if len(keys) <= i or not self.begin <= int(keys[i]) < self.end:
+            return None
+        return int(keys[i]) - self.begin
+
+
+def parse(msg: Message, keys: KeyRange) -> DataRequest:
+    """The one typed request a data message is, or BadRequest (naming the key when it can)."""
+    try:
+        kv = decode_kv(msg.data)
+        command = mx.decode_command(msg.meta.head)
+    except ProtocolError as exc:
+        raise BadRequest(keys.hint(msg), str(exc)) from None
+    parse_as = {mx.DEFAULT: _default, mx.COMPRESSED: _compressed, mx.ROW_SPARSE: _row_sparse}[command.request_type]
+    return parse_as(msg, command, kv, keys)
+
+
+def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, **fields) -> DataRequest:
+    fields.setdefault("local_ids", np.zeros(0, np.int64))
+    return DataRequest(sender=msg.sender, meta=msg.meta, request_type=command.request_type, dtype=command.dtype,
+                       key=key, keys=kv.keys, **fields)
+
+
+def _default(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
+    if len(kv.keys) != 1:
+        raise BadRequest(None, f"a default request carries exactly one key, got {len(kv.keys)}")
+    key = keys.decode(int(kv.keys[0]))
+    if not msg.meta.push:
+        return _request(msg, command, kv, key)
+    if len(kv.lens) != 1 or len(kv.vals) != int(kv.lens[0]):
+        raise BadRequest(key, f"push of {len(kv.vals)} value bytes with lens {kv.lens.tolist()}")
+    if len(kv.vals) % command.dtype.itemsize:
+        raise BadRequest(key, f"{len(kv.vals)} bytes is not a whole number of {command.dtype.name}")
+    return _request(msg, command, kv, key, values=np.frombuffer(kv.vals, dtype=command.dtype))
+
+
+def _compressed(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
+    if command.dtype_flag != mx.FLOAT32:
+        raise BadRequest(None, "gradient compression is supported for float32 only")
+    if not msg.meta.push:
+        if len(kv.keys) != 1:
+            raise BadRequest(None, f"a compressed pull carries one key, got {len(kv.keys)}")
+        return _request(msg, command, kv, keys.decode(int(kv.keys[0])))
+    if len(kv.keys) != 2 or len(kv.lens) != 2 or len(kv.vals) != int(kv.lens[1]):
+        raise BadRequest(None, f"a compressed push carries 2 keys and 2 lens matching the values, got "
+                               f"keys {len(kv.keys)} lens {kv.lens.tolist()} vals {len(kv.vals)} bytes")
+    original_size = keys.decode(int(kv.keys[0]))
+    key = keys.decode(int(kv.keys[1]))
+    return _request(msg, command, kv, key, values=np.frombuffer(kv.vals, np.uint8), original_size=original_size)
+
+
+def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
+    if len(kv.keys) == 0:
+        raise BadRequest(None, "row_sparse request without keys")
+    key = keys.decode(int(kv.keys[0]))
+    if np.any(kv.keys[1:] < kv.keys[0]):
+        raise BadRequest(key, "row key below its master key")
+    local_ids = kv.keys[1:] - kv.keys[0]                  # uint64: every row id a 64-bit key can carry
+    if len(local_ids) and int(local_ids.max()) > MAX_ROW_ID:
+        raise BadRequest(key, f"row id {int(local_ids.max())} is beyond the int64 row ids of MXNet")
+    local_ids = local_ids.astype(np.int64)
+    if len(local_ids) > 1 and not np.all(local_ids[1:] > local_ids[:-1]):
+        bad = int(np.argmax(local_ids[1:] <= local_ids[:-1])) + 1
+        raise BadRequest(key, f"row ids are not sorted and unique (row {int(local_ids[bad])} at position {bad})")
+    values = _rows(key, command.dtype, kv, len(local_ids)) if msg.meta.push else None
+    return _request(msg, command, kv, key, local_ids=local_ids, values=values)
+
+
+def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
+    """A row_sparse push's values as (rows, row size); (0, 0) for a push of no rows."""
+    if len(kv.lens) != len(kv.keys) or (len(kv.lens) and kv.lens[0] != 0):
+        raise BadRequest(key, f"row_sparse push needs one len per key and lens[0] == 0, got {kv.lens[:4]}")
+    if num_rows == 0:
+        return np.zeros((0, 0), dtype)
+    row_bytes = int(kv.lens[1])
+    if row_bytes <= 0 or row_bytes % dtype.itemsize or np.any(kv.lens[1:] != row_bytes):
+        raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
+    if len(kv.vals) != num_rows * row_bytes:
+        raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
+    return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_bytes // dtype.itemsize)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# replies
+
+def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Message]:
+    """KVServer::Response: echo head/timestamp/customer/push/pull; data only when there are keys."""
+    out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
+               push=meta.push, pull=meta.pull)
+    data: list[bytes] = []
+    if kv is not None:
+        data, out.data_type = kv.frames()
+    return sender, Message(out, data)
+
+
+def value_reply(request: DataRequest, payload: bytes) -> tuple[int, Message]:
+    """A dense pull's answer: the keys back, the values, one len in bytes."""
+    return reply(request.sender, request.meta, KVPairs(request.keys, payload, np.array([len(payload)], np.int32)))
+
+
+def rows_reply(request: DataRequest, payload: bytes, row_size: int) -> tuple[int, Message]:
+    """A row_sparse pull's answer: the keys back, the rows, lens in elements with 0 for the master key (as the stock
+    server sends them)."""
+    lens = np.full(len(request.keys), row_size, np.int32)
+    lens[0] = 0
+    return reply(request.sender, request.meta, KVPairs(request.keys, payload, lens))
+
+
+def refusal(msg: Message) -> tuple[int, Message]:
+    """The answer to a refused request, so the worker is not left waiting. A pull gets its keys back with no values,
+    which the worker's KVWorker rejects (its buffer size check) instead of using wrong values."""
+    if msg.meta.pull:
+        try:
+            keys = decode_kv(msg.data).keys
+        except ProtocolError:
+            keys = np.zeros(0, np.uint64)
+        if len(keys):
+            return reply(msg.sender, msg.meta, KVPairs(keys, b"", np.zeros(len(keys), np.int32)))
+    return reply(msg.sender, msg.meta)
+
+
+def command_reply(msg: Message, body: bytes = b"") -> tuple[int, Message]:
+    """A SimpleApp command's answer: head, timestamp and customer echoed, an optional body."""
+    meta = Meta(head=msg.meta.head, body=body, timestamp=msg.meta.timestamp, request=False, simple_app=True,
+                app_id=0, customer_id=msg.meta.customer_id)
+    return msg.sender, Message(meta)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the row-listing key's header row
+
+KIND_ABSENT, KIND_ROW_SPARSE, KIND_DENSE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RowsHeader:
+    """Local row 0 of ``mx.ROWS_HEADER_KEY`` (float64, ``mx.ROWS_WIDTH`` wide) after a LAZY_ROWS command: what this
+    server holds of the queried key."""
+
+    count: int = 0          # rows listed (row_sparse) or elements here (dense)
+    num_states: int = 0     # optimizer states
+    row_size: int = 0       # elements per row (row_sparse)
+    kind: int = KIND_ABSENT
+    update_count: int = 0   # this server's optimizer update count of the key
+    num_update: int = 0     # this server's optimizer num_update
+
+    FIELDS = ("count", "num_states", "row_size", "kind", "update_count", "num_update")
+
+    def row(self) -> np.ndarray:
+        out = np.zeros((1, mx.ROWS_WIDTH))
+        out[0, :len(self.FIELDS)] = [getattr(self, name) for name in self.FIELDS]
+        return out
+
+    @classmethod
+    def from_row(cls, row: np.ndarray) -> "RowsHeader":
+        return cls(*(int(v) for v in np.asarray(row).reshape(-1)[:len(cls.FIELDS)]))

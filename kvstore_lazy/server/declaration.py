@@ -1,0 +1,82 @@
+"""What a worker declares for a lazy row_sparse key (command LAZY_DECLARE, a JSON body): checked strictly.
+
+Owns: :class:`LazySpec` and its JSON form (``kvstore_lazy.worker.lazy_spec_body`` writes it; server snapshots keep
+it), and the bounds one declaration may ask for. A declaration allocates nothing, but every later pull of its key
+allocates rows of its row size, so a row size or a key outside these bounds is refused when it is declared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..initializers import RowInitializer, parse_initializer
+from ..protocol import mxnet as mx
+
+MAX_ROW_ELEMENTS = 1 << 16        # elements per row (embedding dims); 256 KiB a float32 row
+MAX_ROWS = 1 << 62                # rows of one key (hashed ids over a 2^62 space)
+LAZY_DTYPES = ("float16", "float32", "float64")
+DEFAULT_BOUND = 1_000_000         # MXNET_KVSTORE_BIGARRAY_BOUND's default in MXNet 1.9.1
+
+
+def _whole(body: dict, name: str, lo: int, hi: int, default: int | None = None) -> int:
+    """body[name] as an int in [lo, hi]: a JSON integer, not a float, a string or a bool."""
+    value = body.get(name, default)
+    if type(value) is not int or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+@dataclass
+class LazySpec:
+    key: int
+    total_rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    init: str
+    seed: int
+    bound: int
+    initializer: RowInitializer
+
+    @property
+    def row_size(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.total_rows,) + self.row_shape
+
+    def partition(self, num_servers: int, rank: int) -> tuple[int, int]:
+        """(first global row, rows) this server holds: MXNet splits a key of at least `bound` elements by rows."""
+        if self.total_rows * self.row_size >= self.bound:
+            return mx.row_partition(self.total_rows, num_servers, rank)
+        return 0, self.total_rows
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "rows": self.total_rows, "row_shape": list(self.row_shape),
+                "dtype": self.dtype.name, "init": self.init, "seed": self.seed, "bound": self.bound}
+
+    @classmethod
+    def from_json(cls, body) -> "LazySpec":
+        """The declaration `body` (parsed JSON), or ValueError/InitializerError naming what is wrong."""
+        if not isinstance(body, dict):
+            raise ValueError(f"a lazy declaration is a JSON object, got {type(body).__name__}")
+        row_shape = body.get("row_shape")
+        if (not isinstance(row_shape, list) or not row_shape
+                or any(type(d) is not int or d <= 0 for d in row_shape)):
+            raise ValueError(f"row_shape must be a non-empty list of positive integers, got {row_shape!r}")
+        if int(np.prod([float(d) for d in row_shape])) > MAX_ROW_ELEMENTS:
+            raise ValueError(f"row_shape {row_shape} has more than {MAX_ROW_ELEMENTS} elements a row")
+        dtype = body.get("dtype", "float32")
+        if dtype not in LAZY_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(LAZY_DTYPES)}, got {dtype!r}")
+        init = body.get("init")
+        if not isinstance(init, str):
+            raise ValueError(f"init must be an Initializer.dumps() string, got {type(init).__name__}")
+        spec = cls(key=_whole(body, "key", 0, mx.ROWS_HEADER_KEY - 1), total_rows=_whole(body, "rows", 1, MAX_ROWS),
+                   row_shape=tuple(row_shape), dtype=np.dtype(dtype), init=init,
+                   seed=_whole(body, "seed", -(1 << 63), (1 << 64) - 1, default=0),
+                   bound=_whole(body, "bound", 1, (1 << 63) - 1, default=DEFAULT_BOUND),
+                   initializer=parse_initializer(init))
+        spec.initializer.rows(spec.seed, spec.key, np.zeros(1, np.uint64), spec.shape, spec.dtype)  # fails now if ever
+        return spec

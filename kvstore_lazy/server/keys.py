@@ -1,0 +1,399 @@
+"""The keys a server stores, one object each: a dense tensor or a table of rows, with its own sync round.
+
+Owns: each key's stored values, float32 master copy, optimizer states and pending dist_sync round; how a round
+merges pushes; how an update is applied; what a pull of the key returns; the key's snapshot and stats. Nothing
+outside a key reads its fields: :class:`~kvstore_lazy.server.core.KVServer` and the state transfer go through the
+methods here.
+Does not own: the wire (requests arrive decoded as ``protocol.kv.DataRequest``), which key a request is for, the
+optimizer (passed in), dist_sync vs dist_async (the server decides whether a push joins a round).
+
+Names: ``local_ids`` are row ids as a worker sent them (relative to this server's first row of a partitioned key),
+``row_ids`` global row ids (``local_ids + row_offset``, what the row table and the initializers use), ``slots``
+arena indexes of the row table.
+
+Behaviour follows MXNet 1.9.1's kvstore_dist_server.h: the first push is the init (stored as sent); a round's merged
+gradient goes through the updater once (or, with no optimizer, replaces the stored value); under multi-precision the
+stored value is a float32 master copy and pulls get it cast back (CreateMultiPrecisionCopies).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..optimizers import Optimizer
+from ..protocol.kv import BadRequest, DataRequest
+from ..store import kernels
+from ..store.rows import RowTable
+from .declaration import LazySpec
+
+
+class SyncRound:
+    """One key's dist_sync round: pushes merged until NUM_WORKER *requests* (not distinct workers) arrived."""
+
+    def __init__(self) -> None:
+        self.requests: list[DataRequest] = []
+        self.merged = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.requests)
+
+    def add(self, request: DataRequest, grad, merge: Callable, num_workers: int):
+        """Merge one push; the round's (merged gradient, requests) once it is complete, else None."""
+        self.merged = merge(self.merged, grad, len(self.requests))
+        self.requests.append(request)
+        if len(self.requests) < num_workers:
+            return None
+        done = self.merged, self.requests
+        self.requests, self.merged = [], None
+        return done
+
+    def describe(self) -> list:
+        """The waiting requests as (sender, timestamp): for snapshots' checks and tests."""
+        return [(r.sender, r.meta.timestamp) for r in self.requests]
+
+
+class DenseKey:
+    """A dense tensor (DataHandleDefault / DataHandleCompressed)."""
+
+    kind = "dense"
+
+    def __init__(self, key: int, value: np.ndarray, multi_precision: bool) -> None:
+        self.key = key
+        self.dtype = value.dtype
+        self._value = value                       # in the key's dtype: what pulls return
+        self._master = value.astype(np.float32) if multi_precision and value.dtype != np.float32 else None
+        self._states: list[np.ndarray] | None = None   # optimizer states, created at the first update
+        self._merge_buffer: np.ndarray | None = None   # reused for merged sums, round after round
+        self._payload: bytes | None = None             # value.tobytes(), shared by pulls until the next update
+        self.round = SyncRound()
+
+    @classmethod
+    def first_push(cls, key: int, values: np.ndarray, multi_precision: bool) -> "DenseKey":
+        """The init: stored as sent."""
+        return cls(key, np.array(values), multi_precision)
+
+    @property
+    def size(self) -> int:
+        return self._value.size
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states or [])
+
+    @property
+    def _stored(self) -> np.ndarray:
+        """The array updates run on (store_realt_ under multi-precision, else store_)."""
+        return self._master if self._master is not None else self._value
+
+    def gradient(self, dtype: np.dtype, values: np.ndarray) -> np.ndarray:
+        """A push's values as the gradient this key merges and applies."""
+        if dtype != self.dtype or values.size != self._value.size:
+            raise BadRequest(self.key, f"push of {values.size} {dtype.name} values to a key of {self._value.size} "
+                                       f"{self.dtype.name}")
+        return values.astype(np.float32) if self._master is not None else values
+
+    def merge(self, merged, grad: np.ndarray, count: int) -> np.ndarray:
+        if count == 0:
+            return grad              # the message's buffer, never written: the 2nd push sums elsewhere
+        if count == 1:
+            if self._merge_buffer is None or self._merge_buffer.dtype != grad.dtype:
+                self._merge_buffer = np.empty_like(grad)
+            return np.add(merged, grad, out=self._merge_buffer)
+        merged += grad
+        return merged
+
+    def apply(self, grad: np.ndarray, optimizer: Optimizer | None) -> None:
+        self._payload = None
+        if optimizer is None:
+            self._stored[...] = grad
+        else:
+            if self._states is None:
+                self._states = optimizer.init_states(self._stored)
+            optimizer.update(self.key, self._stored, grad, self._states)
+        if self._master is not None:
+            self._value[...] = self._master.astype(self.dtype)
+
+    def pull(self, dtype: np.dtype) -> bytes:
+        if dtype != self.dtype:
+            raise BadRequest(self.key, f"pull as {dtype.name} of a {self.dtype.name} key")
+        if self._payload is None:    # every worker pulls the same value after an update: serialize it once
+            self._payload = self._value.tobytes()
+        return self._payload
+
+    def use_master_copy(self) -> None:
+        """kSetMultiPrecision for a key already stored."""
+        if self.dtype != np.float32:
+            self._master = self._value.astype(np.float32)
+
+    def reset_states(self, optimizer: Optimizer) -> None:
+        self._states = None
+
+    # -- optimizer states, for worker checkpoints (state_transfer)
+
+    def state(self, index: int) -> np.ndarray:
+        if index >= self.num_states:
+            raise IndexError(f"key {self.key} has {self.num_states} optimizer states here, not {index + 1}")
+        return self._states[index].reshape(-1)
+
+    def set_state(self, index: int, flat: np.ndarray, optimizer: Optimizer) -> None:
+        if self._states is None:
+            self._states = optimizer.init_states(self._stored)
+        if index >= len(self._states):
+            raise IndexError(f"key {self.key} has {len(self._states)} optimizer states, not {index + 1}")
+        self._states[index][...] = flat.reshape(self._states[index].shape)
+
+    # -- snapshots and stats
+
+    def snapshot(self) -> dict:
+        return {"row_ids": np.zeros(1, np.uint64), "weights": self._stored.reshape(1, -1),
+                "states": [s.reshape(1, -1) for s in (self._states or [])],
+                "meta": {"kind": self.kind, "dtype": self.dtype.name}}
+
+    def inspect(self) -> dict:
+        """Everything a rejected request must leave alone, as bytes (tests compare it before and after)."""
+        return {"dtype": self.dtype.name, "value": self._value.tobytes(),
+                "master": None if self._master is None else self._master.tobytes(),
+                "states": [s.tobytes() for s in self._states or []],
+                "merged": None if not self.round.pending else np.asarray(self.round.merged).tobytes(),
+                "round": self.round.describe()}
+
+    @classmethod
+    def restore(cls, key: int, table: dict, multi_precision: bool) -> "DenseKey":
+        dtype = np.dtype(table["meta"]["dtype"])
+        entry = cls(key, table["weights"].reshape(-1).astype(dtype), multi_precision)
+        if entry._master is not None:
+            entry._master = table["weights"].reshape(-1).astype(np.float32)
+        entry._states = [s.reshape(-1).copy() for s in table["states"]] or None
+        return entry
+
+    def nbytes(self) -> int:
+        return self._value.nbytes + (self._master.nbytes if self._master is not None else 0)
+
+
+class RowSparseKey:
+    """A row_sparse key: a table of the rows that exist (DataHandleRowSparse), lazy when a worker declared it.
+
+    The one place a policy for rows (admission, eviction, a disk tier) plugs in: every row enters the table
+    through :meth:`_slots_for` and leaves it nowhere else.
+    """
+
+    kind = "row_sparse"
+
+    def __init__(self, key: int, dtype: np.dtype, row_size: int, storage_dtype: np.dtype, num_states: int,
+                 local_rows: int, row_offset: int = 0, spec: LazySpec | None = None) -> None:
+        self.key = key
+        self.dtype = dtype                  # the key's dtype (what the wire carries)
+        self.row_size = row_size            # elements per row ("unit_len")
+        self.local_rows = local_rows        # rows this server holds (local ids < local_rows)
+        self.row_offset = row_offset        # global row id of local row 0 (partitioned keys)
+        self.spec = spec
+        self._table = RowTable(row_size, storage_dtype, num_states=num_states)   # float32 under multi-precision
+        self.round = SyncRound()
+
+    @classmethod
+    def first_push(cls, request: DataRequest, spec: LazySpec | None, storage_dtype: np.dtype, num_states: int,
+                   num_servers: int, rank: int) -> "RowSparseKey":
+        """The init push: a declared key takes its shape from the declaration (its init may carry no rows); any
+        other key gets the rows the init carries, and those are all the rows it has."""
+        values = request.values
+        if spec is not None:
+            if request.dtype != spec.dtype:
+                raise BadRequest(request.key, f"init as {request.dtype.name} but declared {spec.dtype.name}")
+            if len(values) and values.shape[1] != spec.row_size:
+                raise BadRequest(request.key, f"init rows of {values.shape[1]} elements but declared "
+                                              f"{spec.row_size}")
+            offset, local_rows = spec.partition(num_servers, rank)
+            row_size = spec.row_size
+        else:
+            if len(request.local_ids) == 0:
+                raise BadRequest(request.key, "row_sparse init with no rows for a key that was not declared lazy "
+                                              "(declare it with kvstore_lazy.worker.init_lazy, or init with rows)")
+            offset, local_rows, row_size = 0, len(request.local_ids), values.shape[1]
+        entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec)
+        entry.check_rows(request.local_ids)
+        if len(request.local_ids):
+            # Rows given at init are stored as sent (this is also how a checkpoint is restored).
+            slots = entry._table.ensure(entry.row_ids_of(request.local_ids), entry._zeros)
+            entry._table.set_weights(slots, values.astype(entry._table.dtype))
+        return entry
+
+    # -- ids
+
+    def row_ids_of(self, local_ids: np.ndarray) -> np.ndarray:
+        return local_ids.astype(np.uint64) + np.uint64(self.row_offset)
+
+    def check_rows(self, local_ids: np.ndarray) -> None:
+        """Every id of a request (sorted) within the rows this server holds."""
+        if len(local_ids) and int(local_ids[-1]) >= self.local_rows:
+            where = (f" (this server holds global rows [{self.row_offset}, {self.row_offset + self.local_rows}))"
+                     if self.row_offset else "")
+            raise BadRequest(self.key, f"row {int(local_ids[-1]) + self.row_offset} is out of range: the key has "
+                                       f"{self.local_rows + self.row_offset} rows{where}")
+
+    def check_dtype(self, dtype: np.dtype, what: str) -> None:
+        if dtype != self.dtype:
+            raise BadRequest(self.key, f"{what} as {dtype.name} {'of' if what == 'pull' else 'to'} a "
+                                       f"{self.dtype.name} key")
+
+    # -- rows in and out of the table
+
+    def initial_rows(self, row_ids: np.ndarray) -> np.ndarray:
+        if self.spec is None:
+            # Not declared: every row arrived at init, so a missing row can only be zero (an empty gradient row of
+            # the stock server's dense-shaped rsp); the range check keeps ids within the init rows.
+            return self._zeros(row_ids)
+        return self.spec.initializer.rows(self.spec.seed, self.key, row_ids, self.spec.shape,
+                                          self._table.dtype).reshape(len(row_ids), self.row_size)
+
+    def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
+        return np.zeros((len(row_ids), self.row_size), self._table.dtype)
+
+    def _slots_for(self, row_ids: np.ndarray) -> np.ndarray:
+        """Slots of `row_ids`, creating absent rows with their initial values."""
+        return self._table.ensure(row_ids, self.initial_rows)
+
+    # -- push, apply, pull
+
+    def gradient(self, request: DataRequest) -> tuple[np.ndarray, np.ndarray]:
+        """A push's (local_ids, values) as the gradient this key merges and applies."""
+        self.check_dtype(request.dtype, "push")
+        values = request.values
+        if len(values) == 0:
+            values = values.reshape(0, self.row_size)
+        elif values.shape[1] != self.row_size:
+            raise BadRequest(self.key, f"rows of {values.shape[1]} elements pushed to a key of {self.row_size}")
+        self.check_rows(request.local_ids)
+        if self._table.dtype != request.dtype:
+            values = values.astype(self._table.dtype)
+        return request.local_ids, values
+
+    @staticmethod
+    def merge(merged, grad: tuple[np.ndarray, np.ndarray], count: int) -> tuple[np.ndarray, np.ndarray]:
+        local_ids, values = grad
+        if count == 0:
+            return local_ids.copy(), values.copy()
+        if len(local_ids) == 0:
+            return merged
+        return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+
+    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None) -> None:
+        local_ids, values = grad
+        if len(local_ids) == 0:
+            return
+        slots = self._slots_for(self.row_ids_of(local_ids))
+        if optimizer is None:
+            self._table.set_weights(slots, values)
+            return
+        tables = self._table.arrays()
+        if optimizer.update_rows(self.key, tables[0], tables[1:], slots, values):
+            return
+        del tables
+        weights, states = self._table.weights(slots), self._table.states(slots)
+        optimizer.update(self.key, weights, values, states, row_sparse=True)
+        self._table.set_weights(slots, weights)
+        self._table.set_states(slots, states)
+
+    def pull(self, request: DataRequest, store: bool) -> bytes:
+        """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
+        created, else they are computed and left absent."""
+        self.check_dtype(request.dtype, "pull")
+        self.check_rows(request.local_ids)
+        row_ids = self.row_ids_of(request.local_ids)
+        if store or self.spec is None:
+            rows = self._table.weights(self._slots_for(row_ids))
+        else:
+            slots = self._table.lookup(row_ids)
+            rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            present = slots >= 0
+            rows[present] = self._table.weights(slots[present])
+            if not present.all():
+                rows[~present] = self.initial_rows(row_ids[~present])
+        return rows.astype(self.dtype, copy=False).tobytes()
+
+    def use_master_copy(self) -> None:
+        """kSetMultiPrecision: the rows move to a float32 table."""
+        if self.dtype != np.float32 and self._table.dtype != np.float32:
+            ids, weights, states = self._table.items()
+            self._table = _table_of(self.row_size, ids, weights.astype(np.float32),
+                                    [s.astype(np.float32) for s in states])
+
+    def reset_states(self, optimizer: Optimizer) -> None:
+        self._table.set_num_states(optimizer.num_states())
+
+    # -- rows and optimizer states, for worker checkpoints (state_transfer)
+
+    @property
+    def num_states(self) -> int:
+        return self._table.num_states
+
+    def row_ids(self) -> np.ndarray:
+        """The global ids of the rows that exist, ascending."""
+        return np.sort(self._table.row_ids())
+
+    def global_range(self) -> tuple[int, int]:
+        return self.row_offset, self.row_offset + self.local_rows
+
+    def state_rows(self, row_ids: np.ndarray, index: int) -> np.ndarray:
+        """Optimizer state `index` of existing rows `row_ids`, (rows, row size)."""
+        if index >= self.num_states:
+            raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
+        slots = self._table.lookup(row_ids)
+        if np.any(slots < 0):
+            raise KeyError(f"a listed row of key {self.key} no longer exists")
+        return self._table.states(slots)[index]
+
+    def set_state_rows(self, row_ids: np.ndarray, index: int, values: np.ndarray) -> None:
+        """Write optimizer state `index` of rows `row_ids` (created with their initial values if absent)."""
+        if index >= self.num_states:
+            raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
+        slots = self._slots_for(row_ids)
+        states = self._table.states(slots)
+        states[index] = values.reshape(len(row_ids), self.row_size).astype(self._table.dtype)
+        self._table.set_states(slots, states)
+
+    # -- snapshots and stats
+
+    def snapshot(self) -> dict:
+        ids, weights, states = self._table.items()
+        return {"row_ids": ids, "weights": weights, "states": states,
+                "meta": {"kind": self.kind, "dtype": self.dtype.name, "row_size": self.row_size,
+                         "local_rows": self.local_rows, "row_offset": self.row_offset, "lazy": self.spec is not None}}
+
+    def inspect(self) -> dict:
+        """Everything a rejected request must leave alone, as bytes (tests compare it before and after)."""
+        table = self.snapshot()
+        merged = self.round.merged if self.round.pending else None
+        return {"meta": table["meta"], "storage": self._table.dtype.name, "row_ids": table["row_ids"].tobytes(),
+                "weights": table["weights"].tobytes(), "states": [s.tobytes() for s in table["states"]],
+                "merged": None if merged is None else (merged[0].tobytes(), merged[1].tobytes()),
+                "round": self.round.describe()}
+
+    @classmethod
+    def restore(cls, key: int, table: dict, spec: LazySpec | None, num_states: int | None) -> "RowSparseKey":
+        info = table["meta"]
+        entry = cls(key, np.dtype(info["dtype"]), int(info["row_size"]), table["weights"].dtype,
+                    len(table["states"]), int(info["local_rows"]), int(info["row_offset"]),
+                    spec if info.get("lazy") else None)
+        entry._table = _table_of(entry.row_size, table["row_ids"], table["weights"], table["states"])
+        if num_states is not None and entry.num_states != num_states:
+            entry._table.set_num_states(num_states)
+        return entry
+
+    def stats(self) -> dict:
+        return {"rows": len(self._table), "bytes": self._table.nbytes(), "lazy": self.spec is not None,
+                "local_rows": self.local_rows, "row_offset": self.row_offset}
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def _table_of(row_size: int, row_ids: np.ndarray, weights: np.ndarray, states: list[np.ndarray]) -> RowTable:
+    """A row table holding exactly these rows (weights in the table's dtype) and their states."""
+    table = RowTable(row_size, weights.dtype, num_states=len(states))
+    slots = table.ensure(row_ids, lambda ids: np.zeros((len(ids), table.row_size), table.dtype))
+    table.set_weights(slots, weights)
+    if states:
+        table.set_states(slots, states)
+    return table

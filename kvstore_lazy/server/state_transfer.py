@@ -1,0 +1,210 @@
+"""Reading and restoring which rows exist and their optimizer states, through virtual keys a stock worker can use.
+
+Owns: the LAZY_ROWS, LAZY_ALIAS and LAZY_SET_COUNTS commands and the virtual row_sparse keys of
+``protocol.mxnet`` (``ROWS_HEADER_KEY`` and ``flat_state_key(j)``), as ``kvstore_lazy.worker.fetch_rows``,
+``fetch_states`` and ``restore_states`` use them. A stock worker can only pull and push row_sparse arrays, so a
+checkpoint of a lazy key goes: LAZY_ROWS names the key; a pull of ``ROWS_HEADER_KEY`` returns per server a header
+row (:class:`~kvstore_lazy.protocol.kv.RowsHeader`) then the listed row ids; pulls of ``flat_state_key(j)`` return
+state j of the listed rows, flattened into rows of ``ROWS_WIDTH``. A restore pushes the same keys back.
+Does not own: the keys' values (it goes through the key objects' methods only), the wire layout of replies
+(``protocol.kv``).
+
+Per requesting node it keeps one listing (the last LAZY_ROWS); at most :data:`MAX_LISTINGS` nodes at once, so a
+peer cannot make the server hold listings without bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..protocol import kv as wire
+from ..protocol import mxnet as mx
+from ..protocol.kv import BadRequest, DataRequest, RowsHeader
+from .keys import DenseKey, RowSparseKey
+
+MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
+MAX_ALIASES = 64        # string-key names of the (nine) virtual keys
+
+
+def _chunks(n: int) -> int:
+    return (n + mx.ROWS_WIDTH - 1) // mx.ROWS_WIDTH
+
+
+def _int_field(body, name: str) -> int:
+    if not isinstance(body, dict) or type(body.get(name)) is not int:
+        raise ValueError(f"the command body must be a JSON object with an integer {name!r}, got {body!r}")
+    return body[name]
+
+
+class StateTransfer:
+    def __init__(self, server) -> None:
+        self.server = server                                    # its .keys, .optimizer, .rank, .num_servers
+        self.listings: dict[int, tuple[int, np.ndarray]] = {}   # node id -> (key, listed global row ids)
+        self.aliases: dict[int, int] = {}                       # string-key int -> virtual key (LAZY_ALIAS)
+
+    def resolve(self, key: int) -> int:
+        """A string-key KVStore's name for a virtual key, or the key itself."""
+        return self.aliases.get(key, key)
+
+    # -- commands
+
+    def list_rows(self, sender: int, body) -> None:
+        """LAZY_ROWS {"key": K}: remember which rows of K exist now, for `sender`'s next virtual pulls."""
+        key = _int_field(body, "key")
+        if sender not in self.listings and len(self.listings) >= MAX_LISTINGS:
+            raise ValueError(f"{MAX_LISTINGS} nodes already have a row listing open")
+        entry = self.server.keys.get(key)
+        ids = entry.row_ids() if isinstance(entry, RowSparseKey) else np.zeros(0, np.uint64)
+        self.listings[sender] = (key, ids)
+
+    def register_alias(self, body) -> None:
+        """LAZY_ALIAS: requests for int `alias` (a string key of a string-key KVStore) mean virtual key `key`."""
+        alias, target = _int_field(body, "alias"), _int_field(body, "key")
+        if not mx.is_virtual_key(target) or mx.is_virtual_key(alias) or alias < 0:
+            raise ValueError(f"alias {alias} -> {target}: the target must be a virtual key and the alias not")
+        if alias in self.server.keys or alias in self.server.specs:
+            raise ValueError(f"alias {alias} -> {target}: key {alias} already holds values")
+        known = self.aliases.get(alias)
+        if known is not None and known != target:
+            raise ValueError(f"key {alias} is already an alias of {known}, not {target}")
+        if known is None and len(self.aliases) >= MAX_ALIASES:
+            raise ValueError(f"{MAX_ALIASES} aliases are registered already")
+        self.aliases[alias] = target
+
+    def set_update_counts(self, body) -> None:
+        """LAZY_SET_COUNTS: restore the optimizer's update count of a key (and num_update), per server rank when the
+        checkpoint came from as many servers, else their maximum (counts are kept per server shard)."""
+        optimizer = self.server.optimizer
+        if optimizer is None:
+            raise ValueError("update counts restored before an optimizer was set")
+        key = _int_field(body, "key")
+        counts, num_update = list(body.get("counts", [])), list(body.get("num_update", []))
+
+        def mine(values: list) -> int:
+            if not values:
+                return 0
+            return int(values[self.server.rank]) if len(values) == self.server.num_servers else int(max(values))
+
+        count = mine(counts)
+        if count > 0:
+            optimizer.set_update_count(key, count)
+        optimizer.num_update = max(int(optimizer.num_update), mine(num_update))
+
+    # -- virtual keys
+
+    def _listing(self, request: DataRequest, key: int) -> tuple[int, np.ndarray]:
+        if request.sender not in self.listings:
+            raise BadRequest(key, f"{'push to' if request.push else 'pull of'} a virtual key without a LAZY_ROWS "
+                                  f"command first")
+        return self.listings[request.sender]
+
+    def _header(self, key: int, ids: np.ndarray) -> RowsHeader:
+        entry = self.server.keys.get(key)
+        counts = {}
+        optimizer = self.server.optimizer
+        if optimizer is not None:
+            counts = {"update_count": optimizer.update_count(key), "num_update": int(optimizer.num_update)}
+        if isinstance(entry, RowSparseKey):
+            return RowsHeader(len(ids), entry.num_states, entry.row_size, wire.KIND_ROW_SPARSE, **counts)
+        if isinstance(entry, DenseKey):
+            return RowsHeader(entry.size, entry.num_states, 0, wire.KIND_DENSE, **counts)
+        return RowsHeader(**counts)
+
+    def pull(self, request: DataRequest, key: int) -> tuple[int, object]:
+        queried, ids = self._listing(request, key)
+        if key == mx.ROWS_HEADER_KEY:
+            if request.dtype != np.float64:
+                raise BadRequest(key, "the row-listing key is float64")
+            padded = np.full(_chunks(len(ids)) * mx.ROWS_WIDTH, -1.0)
+            padded[:len(ids)] = ids
+            table = np.concatenate([self._header(queried, ids).row(), padded.reshape(-1, mx.ROWS_WIDTH)])
+            if len(request.local_ids) and int(request.local_ids[-1]) >= len(table):
+                raise BadRequest(key, f"row-listing row {int(request.local_ids[-1])} beyond the {len(table)} this "
+                                      f"server has")
+            rows = table[request.local_ids]
+        elif mx.is_flat_state_key(key):
+            rows = self._flat_state_rows(request, key, queried, ids)
+        else:
+            raise BadRequest(key, "pull of an unknown virtual key")
+        payload = rows.astype(request.dtype, copy=False).tobytes()
+        return wire.rows_reply(request, payload, rows.shape[1] if rows.ndim == 2 else 0)
+
+    def _state_target(self, vkey: int, queried: int, ids: np.ndarray) -> tuple[DenseKey | RowSparseKey, int]:
+        """(key object, number of state values this server holds for the query) of a flat-state request."""
+        entry = self.server.keys.get(queried)
+        if isinstance(entry, RowSparseKey):
+            return entry, len(ids) * entry.row_size
+        if isinstance(entry, DenseKey):
+            return entry, entry.size
+        raise BadRequest(vkey, f"optimizer state of key {queried}, which this server does not hold")
+
+    def _flat_state_rows(self, request: DataRequest, vkey: int, queried: int, ids: np.ndarray) -> np.ndarray:
+        if request.dtype != np.float32:
+            raise BadRequest(vkey, "the optimizer-state keys are float32")
+        if len(request.local_ids) == 0:   # a server that holds nothing of the key gets the master key only
+            return np.zeros((0, mx.ROWS_WIDTH), np.float32)
+        entry, n = self._state_target(vkey, queried, ids)
+        state = vkey - mx.FLAT_STATE_BASE
+        try:
+            flat = (entry.state_rows(ids, state) if isinstance(entry, RowSparseKey) else entry.state(state))
+        except (IndexError, KeyError) as exc:
+            raise BadRequest(vkey, str(exc).strip("'\"")) from None
+        chunks = _chunks(n)
+        if int(request.local_ids[-1]) >= chunks:
+            raise BadRequest(vkey, f"state row {int(request.local_ids[-1])} beyond the {chunks} this server has")
+        padded = np.zeros(chunks * mx.ROWS_WIDTH, np.float32)
+        padded[:n] = flat.reshape(-1)
+        return padded.reshape(chunks, mx.ROWS_WIDTH)[request.local_ids]
+
+    def push(self, request: DataRequest, key: int) -> tuple[int, object]:
+        """Restore through the virtual keys: ROWS_HEADER_KEY rows name the rows (of the key the last LAZY_ROWS
+        command named) whose states the following FLAT_STATE_BASE + j pushes carry. Answered at once (no round)."""
+        if len(request.local_ids) == 0:   # an (empty) kv.init of a virtual key, for string-key KVStores
+            return wire.reply(request.sender, request.meta)
+        queried, ids = self._listing(request, key)
+        if request.values.shape[1] != mx.ROWS_WIDTH:
+            raise BadRequest(key, f"virtual rows are {mx.ROWS_WIDTH} wide, not {request.values.shape[1]}")
+        if key == mx.ROWS_HEADER_KEY:
+            self._push_listing(request, key, queried)
+        elif mx.is_flat_state_key(key):
+            self._push_state(request, key, queried, ids)
+        else:
+            raise BadRequest(key, "push to a virtual row-listing key")
+        return wire.reply(request.sender, request.meta)
+
+    def _push_listing(self, request: DataRequest, key: int, queried: int) -> None:
+        if request.dtype != np.float64:
+            raise BadRequest(key, "the row-listing key is float64")
+        entry = self.server.keys.get(queried)
+        if not isinstance(entry, RowSparseKey):
+            raise BadRequest(key, f"row listing pushed for key {queried}, which holds no row_sparse value here")
+        values, local_ids = request.values, request.local_ids
+        count = int(values[0, 0]) if local_ids[0] == 0 else -1
+        if count < 0 or not np.array_equal(local_ids, np.arange(1 + _chunks(count))):
+            raise BadRequest(key, "a pushed row listing must be row 0 = [count] then every chunk of ids")
+        listed = values[1:].reshape(-1)[:count]
+        row_ids = listed.astype(np.int64)
+        lo, hi = entry.global_range()
+        if (np.any(row_ids != listed) or np.any(row_ids[1:] <= row_ids[:-1])
+                or (count and (row_ids[0] < lo or row_ids[-1] >= hi))):
+            raise BadRequest(key, f"pushed row ids must be sorted, unique and within [{lo}, {hi})")
+        self.listings[request.sender] = (queried, row_ids.astype(np.uint64))
+
+    def _push_state(self, request: DataRequest, key: int, queried: int, ids: np.ndarray) -> None:
+        if request.dtype != np.float32:
+            raise BadRequest(key, "the optimizer-state keys are float32")
+        optimizer = self.server.optimizer
+        if optimizer is None:
+            raise BadRequest(key, "optimizer states pushed before an optimizer was set")
+        entry, n = self._state_target(key, queried, ids)
+        if not np.array_equal(request.local_ids, np.arange(_chunks(n))):
+            raise BadRequest(key, f"a state push for key {queried} must carry all {_chunks(n)} rows ({n} values) "
+                                  f"this server holds")
+        flat = request.values.reshape(-1)[:n]
+        state = key - mx.FLAT_STATE_BASE
+        try:
+            if isinstance(entry, RowSparseKey):
+                entry.set_state_rows(ids, state, flat)
+            else:
+                entry.set_state(state, flat, optimizer)
+        except IndexError as exc:
+            raise BadRequest(key, str(exc)) from None
