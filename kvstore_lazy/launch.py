@@ -475,6 +475,9 @@ class Job:
         self.events: list[tuple[float, str, str, str]] = []
         self.t0 = time.monotonic()
         self._lock = threading.Lock()
+        self._rank_lock = threading.Lock()
+        self._rank_scan = 0.0                 # when _learn_ranks last looked at the nodes' ports
+        self._ranks_unknowable: set[str] = set()
         self._fixed_server_ports = restart_servers > 0 or server_port_base is not None
         if restart_servers and server != "lazy":
             raise LaunchError("--restart-servers needs kvstore_lazy servers (a stock server cannot rejoin)")
@@ -554,18 +557,30 @@ class Job:
         if moved:
             self.say(f"ps-lite numbers nodes by address, not start order ({source}): " + ", ".join(moved))
 
-    def _learn_ranks(self) -> None:
-        """Ranks from the nodes' listening ports, once every node of a role on this machine has bound its own."""
+    def _learn_ranks(self, every: float = 0.0) -> None:
+        """Ranks from the nodes' listening ports, once every node of a role on this machine has bound its own (at
+        most one look every `every` seconds). Called from the supervising loop and from the output threads."""
+        with self._rank_lock:
+            now = time.monotonic()
+            if now >= self._rank_scan + every:
+                self._rank_scan = now
+                self._scan_ports()
+
+    def _scan_ports(self) -> None:
         for role in ("server", "worker"):
             nodes = [n for n in self.nodes if n.role == role]
-            if all(n.ps_rank is not None for n in nodes) or any(isinstance(n.placement, SshPlacement)
-                                                                 or n.ended is not None for n in nodes):
+            if role in self._ranks_unknowable or all(n.ps_rank is not None for n in nodes) or \
+                    any(isinstance(n.placement, SshPlacement) or n.ended is not None for n in nodes):
                 continue
             addresses = []
             for node in nodes:
                 ports = listening_ports(node.pid)
+                if ports is not None and len(ports) > 1:
+                    self._ranks_unknowable.add(role)
+                    self.say(f"{node.name} listens on {len(ports)} ports {sorted(ports)}: {role} ranks are not "
+                             f"inferred from ports")
                 if ports is None or len(ports) != 1:
-                    break        # not bound yet (or more than one listener: ambiguous)
+                    break        # not bound yet, or ambiguous
                 addresses.append((node.env.get("DMLC_NODE_HOST", node.placement.host), ports.pop()))
             else:
                 self._set_ranks(nodes, pslite_rank_order(addresses), "ports")
@@ -648,7 +663,7 @@ class Job:
                                  f"{self.finish_grace:.0f}s; stopping them")
                         return 0
                 if finish_by is None:
-                    self._learn_ranks()
+                    self._learn_ranks(every=0.5)
                 if deadline is not None and now > deadline:
                     running = ", ".join(n.name for n in self.nodes if n.ended is None)
                     self._event("deadline", self.nodes[0], running)

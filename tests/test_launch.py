@@ -468,6 +468,26 @@ def test_listening_ports_of_a_process_and_its_children(tmp_path):
     assert launch.listening_ports(idle.pid) is None                # gone
 
 
+def test_ranks_from_ports_need_one_listener_per_node(tmp_path):
+    """Stand-in workers: the one listening on one port each get ranks by port; a node with two listeners makes the
+    role's ranks unknowable from ports (said once), and its prefixes stay the start-order names."""
+    listen = ("import socket; socks = [socket.socket() for _ in range({n})]\n"
+              "for s in socks: s.bind(('127.0.0.1', 0)); s.listen()\n"
+              "time.sleep(1.5); print('port', socks[0].getsockname()[1], flush=True); time.sleep(0.5)")
+    job, out = stub_job(tmp_path, [listen.format(n=1), listen.format(n=1)], finish_grace=0.5)
+    job.start()
+    assert job.supervise(timeout=60) == 0
+    said = {int(line.rsplit(" ", 1)[1]): line.split("] ", 1)[0] for line in out.getvalue().splitlines()
+            if "] port " in line}
+    assert [said[port][-len(", rank 0"):] for port in sorted(said)] == [", rank 0", ", rank 1"], said
+    job, out = stub_job(tmp_path, [listen.format(n=1), listen.format(n=2)], finish_grace=0.5)
+    job.start()
+    assert job.supervise(timeout=60) == 0
+    text = out.getvalue()
+    assert text.count("listens on 2 ports") == 1 and "worker ranks are not inferred from ports" in text
+    assert "[worker 0] port" in text and "[worker 1] port" in text and ", rank" not in text
+
+
 @pytest.mark.integration
 def test_prefixes_carry_the_ranks_ps_lite_gave(tmp_path):
     """Ports in reverse start order (PORT per DMLC_TASK_ID), so ps-lite ranks server 0 and worker 0 last: every

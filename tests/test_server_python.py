@@ -63,6 +63,11 @@ print(json.dumps({{"package": kvstore_lazy.__file__, "library": str(kernels.LIBR
     print(f"server python {info['python'].split()[0]}, numpy {info['numpy']}, {package}")
 
 
+def _states(state):
+    from test_optimizers import _states_as_numpy
+    return _states_as_numpy(state)
+
+
 def _mxnet_dense(mx, make, case, numerics):
     """MXNet's weights and states after the dense steps of server_numerics.run_dense."""
     updater = mx.optimizer.get_updater(make())
@@ -85,14 +90,6 @@ def _mxnet_sparse(mx, make, numerics):
     for idx, grad in steps:
         updater(numerics.SPARSE_KEY, mx.nd.sparse.row_sparse_array((grad, idx), shape=shape), weight)
     return {"w": weight.asnumpy(), **{f"s{i}": s for i, s in enumerate(_states(updater.states[numerics.SPARSE_KEY]))}}
-
-
-def _states(state):
-    if state is None:
-        return []
-    if isinstance(state, (tuple, list)):
-        return [a for s in state for a in _states(s)]
-    return [state.asnumpy()]
 
 
 def _arrays(path: Path) -> dict[str, np.ndarray]:
