@@ -8,12 +8,8 @@ KERNELS := kvstore_lazy/store/_kernels.so
 # matplotlib for the benchmark plots (the [bench] extra), pinned; numpy held at requirements.txt's pin
 BENCH_STAMP := $(VENV)/.bench-installed
 
-<<<<<<< HEAD
-.PHONY: venv system-deps k8s-deps test-cluster test-docker test test-unit test-integration demo bench bench-quick patch unpatch clean
-=======
-.PHONY: venv system-deps test-cluster test-docker test test-unit test-integration test-server-python demo bench \
-        bench-quick patch unpatch clean
->>>>>>> main
+.PHONY: venv system-deps k8s-deps test-cluster test-docker test test-unit test-integration test-server-python demo \
+        bench bench-quick patch unpatch clean
 
 venv: $(STAMP) $(KERNELS)
 
@@ -26,9 +22,6 @@ $(STAMP): requirements.txt pyproject.toml setup.py
 	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
 	touch $(STAMP)
 
-<<<<<<< HEAD
-test: venv k8s-deps
-=======
 $(KERNELS): kvstore_lazy/store/kernels.c $(STAMP)
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m kvstore_lazy.store.kernels
@@ -38,8 +31,7 @@ $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
 	touch $(BENCH_STAMP)
 
-test: venv $(BENCH_STAMP)
->>>>>>> main
+test: venv $(BENCH_STAMP) k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
 	$(MAKE) test-server-python
 
