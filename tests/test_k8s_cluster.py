@@ -133,7 +133,7 @@ class PodJob(Job):
         sh("dns", name, new_host)
         placement = NetnsPlacement(name, namespace=f"{PREFIX}-{new_host}")
         fresh = self._spawn(node.role, node.rank, placement, node.argv, dict(node.env), node.incarnation + 1)
-        fresh.restarts = node.restarts + 1
+        fresh.restarts, fresh.ps_rank = node.restarts + 1, node.ps_rank   # same name and port, same rank
         self.nodes[self.nodes.index(node)] = fresh
         self.recreated[name] = (time.monotonic(), new_host)
         self._event("restarted", fresh, f"pid {fresh.pid}")
