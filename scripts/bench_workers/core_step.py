@@ -16,7 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# Appended, not prepended: PYTHONPATH=<another checkout> measures that checkout's server with this script (its
+# kvstore_lazy is printed first); without it, this checkout's.
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import kvstore_lazy  # noqa: E402
 
 from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of  # noqa: E402
@@ -166,6 +170,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=2000, help="requests per small-request row (0: skip)")
     parser.add_argument("--only-small", action="store_true")
     args = parser.parse_args()
+    print(f"kvstore_lazy from {Path(kvstore_lazy.__file__).resolve().parent}")
     if args.small:
         print(f"{'optimizer':<10} {'small request':<48} {'server CPU us/request':>22}")
         for optimizer in args.optimizer:
