@@ -949,7 +949,7 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
                      ratio(o.get("server_cpu_ms_per_step"), s.get("server_cpu_ms_per_step")), ""])
         data.append({"servers": servers, "mode": mode, "ours": res.get("lazy"), "stock": res.get("stock")})
     layers = [len(c["features"]) * c["emb_dim"]] + c["hidden"] + [1]
-    notes = [f"2 workers; {len(c['features'])} features (input_dim {', '.join(dim_name(n) for n in c['features'])}): "
+    notes = [f"2 workers; {len(c['features'])} features (input_dim {', '.join(f'{n:,}' for n in c['features'])}): "
              f"{len(c['features'])} embeddings (D={c['emb_dim']}) and {len(c['features'])} wide weights (D=1), "
              f"row_sparse; MLP {'-'.join(map(str, layers))}: {2 * (len(layers) - 1)} dense keys; "
              f"{c['optimizer']} on the servers",
