@@ -65,6 +65,7 @@ SEEN_KEEP = 200_000             # signatures of received requests remembered for
 SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
+DRAIN_MAX = 64                  # queued messages served per loop iteration before the timers run
 
 
 class StartupError(RuntimeError):
@@ -420,8 +421,15 @@ class ServerNode:
         assert self.server is not None
         while not self.server.stopped:
             msg = self._recv(self._poll_timeout())
-            if msg is not None:
+            # every message already queued before the timers (at most DRAIN_MAX; a due snapshot still looks for
+            # the first quiescent moment after each message)
+            served = 0
+            while msg is not None:
                 self._dispatch(msg)
+                served += 1
+                if served == DRAIN_MAX or self.server.stopped or self._snapshot_due:
+                    break
+                msg = self._recv(0)
             self._timers()
         self.log_stats("at shutdown")
         if self.config.snapshot_dir:
