@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from fakepeer import Requests
 from kvstore_lazy.protocol import mxnet as mx
-from kvstore_lazy.protocol.kv import MAX_ROW_ID, BadRequest, KeyRange, parse
-from kvstore_lazy.protocol.message import Message, identity_of
+from kvstore_lazy.protocol.kv import MAX_ROW_ID, BadRequest, KeyRange, parse, reply, rows_reply, value_reply
+from kvstore_lazy.protocol.message import KVPairs, Message, identity_of
 
 KEYS = KeyRange(0, 1)
 MASTER = 5
@@ -84,3 +84,26 @@ def test_every_valid_head_parses_to_its_type_and_dtype():
             msg = Requests().kv(mx.command_code(request_type, flag), [3], b"", push=False, pull=True)
             request = parse(through_codec(msg), KEYS)
             assert (request.request_type, request.dtype) == (request_type, dtype)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 1000), unique=True, max_size=20), st.integers(0, 64), st.integers(0, 2**31 - 1),
+       st.booleans())
+def test_pull_replies_are_the_kvpairs_layout(rows, row_size, timestamp, dense):
+    """value_reply and rows_reply build their frames directly: byte for byte what reply() with KVPairs gives."""
+    worker = Requests()
+    worker.ts = timestamp
+    if dense:
+        msg = worker.pull(3)
+        payload = bytes(range(row_size))
+        lens = np.array([len(payload)], np.int32)
+    else:
+        msg = worker.rsp_pull(MASTER, sorted(rows))
+        payload = bytes(4 * row_size * len(rows))
+        lens = np.array([0] + [row_size] * len(rows), np.int32)
+    request = parse(through_codec(msg), KEYS)
+    got = value_reply(request, payload) if dense else rows_reply(request, payload, row_size)
+    want = reply(request.sender, request.meta, KVPairs(request.keys, payload, lens))
+    assert got[0] == want[0] == msg.sender
+    assert [bytes(f) for f in got[1].to_frames()] == [bytes(f) for f in want[1].to_frames()]
+    assert got[1].meta == want[1].meta

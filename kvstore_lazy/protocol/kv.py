@@ -18,6 +18,7 @@ row). Row ids are checked against the whole 64-bit range: the stock server trunc
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from . import mxnet as mx
 from .errors import ProtocolError
 from .message import KVPairs, Message, decode_kv
-from .pbmeta import Meta
+from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta
 
 MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
 
@@ -178,6 +179,10 @@ _PARSERS = {mx.DEFAULT: _default, mx.COMPRESSED: _compressed, mx.ROW_SPARSE: _ro
 # ----------------------------------------------------------------------------------------------------------------
 # replies
 
+_I32 = struct.Struct("<i")     # ps-lite's lens are int32
+_LEN_0 = _I32.pack(0)
+_MAX_LEN = (1 << 31) - 1
+
 def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Message]:
     """KVServer::Response: echo head/timestamp/customer/push/pull; data only when there are keys."""
     out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
@@ -188,17 +193,27 @@ def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Mess
     return sender, Message(out, data)
 
 
+def _values_reply(request: DataRequest, payload: bytes, lens: bytes) -> tuple[int, Message]:
+    """reply() with the request's keys (at least one), `payload` and `lens` (int32 bytes, one per key): the frames
+    KVPairs.frames() lays out, built directly (a pull's answer is the server's most frequent message)."""
+    meta = request.meta
+    out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
+               push=meta.push, pull=meta.pull, data_type=[DT_UINT64, DT_OTHER, DT_INT32])
+    return request.sender, Message(out, [request.keys.tobytes(), payload, lens])
+
+
 def value_reply(request: DataRequest, payload: bytes) -> tuple[int, Message]:
     """A dense pull's answer: the keys back, the values, one len in bytes."""
-    return reply(request.sender, request.meta, KVPairs(request.keys, payload, np.array([len(payload)], np.int32)))
+    if len(request.keys) != 1 or len(payload) > _MAX_LEN:
+        return reply(request.sender, request.meta, KVPairs(request.keys, payload, np.array([len(payload)],
+                                                                                           np.int32)))
+    return _values_reply(request, payload, _I32.pack(len(payload)))
 
 
 def rows_reply(request: DataRequest, payload: bytes, row_size: int) -> tuple[int, Message]:
     """A row_sparse pull's answer: the keys back, the rows, lens in elements with 0 for the master key (as the stock
     server sends them)."""
-    lens = np.full(len(request.keys), row_size, np.int32)
-    lens[0] = 0
-    return reply(request.sender, request.meta, KVPairs(request.keys, payload, lens))
+    return _values_reply(request, payload, _LEN_0 + _I32.pack(row_size) * (len(request.keys) - 1))
 
 
 def refusal(msg: Message) -> tuple[int, Message]:

@@ -54,12 +54,8 @@ class Message:
         identity = frames[0]
         sender = parse_identity(identity if type(identity) is bytes else bytes(identity))
         meta = decode_meta(frames[1])  # decode_meta takes any buffer, as bytes(frames[1]) did
-        data = frames[2:]
-        if data:
-            data = [f if isinstance(f, bytes) else memoryview(f) for f in data]
-        else:
-            data = []
-        return cls(meta=meta, data=data, sender=sender)
+        data = [f if type(f) is bytes or isinstance(f, bytes) else memoryview(f) for f in frames[2:]]
+        return cls(meta, data, sender)
 
 
 @dataclass
