@@ -141,7 +141,8 @@ def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
     raw = kv.keys
     master = int(raw[0])
     key = keys.decode(master)
-    if len(raw) > 1 and int(raw[1]) >= master and int(raw[-1]) - master <= MAX_ROW_ID and (raw[2:] > raw[1:-1]).all():
+    if len(raw) > 1 and int(raw[1]) >= master and int(raw[-1]) - master <= MAX_ROW_ID \
+            and np.count_nonzero(raw[2:] > raw[1:-1]) == len(raw) - 2:
         # what a worker sends: row keys strictly increasing from the master key on, so every check below passes
         # (none below the master, the largest row id the last, sorted and unique) and no id wraps into int64
         local_ids = (raw[1:] - raw[0]).view(np.int64)
@@ -166,7 +167,7 @@ def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
     if num_rows == 0:
         return np.zeros((0, 0), dtype)
     row_bytes = int(kv.lens[1])
-    if row_bytes <= 0 or row_bytes % dtype.itemsize or (kv.lens[2:] != row_bytes).any():
+    if row_bytes <= 0 or row_bytes % dtype.itemsize or np.count_nonzero(kv.lens[2:] != row_bytes):
         raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
     if len(kv.vals) != num_rows * row_bytes:
         raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
