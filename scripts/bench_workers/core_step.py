@@ -75,9 +75,9 @@ def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
-def start(optimizer: str):
+def start(optimizer: str, materialize: str = "push"):
     import mxnet  # only for the optimizer pickle a stock worker sends
-    server = KVServer(0, 1, len(WORKERS))
+    server = KVServer(0, 1, len(WORKERS), materialize=materialize)
     workers = [Worker(n) for n in WORKERS]
 
     def handle(msg: Message) -> None:
@@ -108,8 +108,9 @@ def run_dense(optimizer: str, shape: tuple[int, ...], steps: int, warmup: int) -
     return {"cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
 
 
-def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int) -> dict:
-    server, workers, handle = start(optimizer)
+def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int,
+        materialize: str = "push") -> dict:
+    server, workers, handle = start(optimizer, materialize)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
@@ -169,6 +170,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--small", type=int, default=2000, help="requests per small-request row (0: skip)")
     parser.add_argument("--only-small", action="store_true")
+    parser.add_argument("--materialize", nargs="+", default=["push"], choices=["push", "touch"],
+                        help="row policies to run the row_sparse steps with (push: the server's default)")
     args = parser.parse_args()
     print(f"kvstore_lazy from {Path(kvstore_lazy.__file__).resolve().parent}")
     if args.small:
@@ -179,11 +182,13 @@ def main() -> None:
         print()
     if args.only_small:
         return
-    print(f"{'optimizer':<10} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
+    print(f"{'optimizer':<10} {'policy':>7} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
     for optimizer in args.optimizer:
         for batch in args.batch:
-            r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup)
-            print(f"{optimizer:<10} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
+            for policy in args.materialize:
+                r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy)
+                print(f"{optimizer:<10} {policy:>7} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} "
+                      f"{r['cpu_ms_p50']:>8.2f}")
     print(f"\n{'optimizer':<10} {'dense':>10} {'CPU ms/round':>13} {'p50':>8}   (2 pushes + 2 pulls)")
     for optimizer in args.optimizer:
         for text in args.dense:
