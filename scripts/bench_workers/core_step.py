@@ -140,7 +140,10 @@ def run_small(optimizer: str, repeat: int) -> dict:
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, 16), np.float32)))
     grad = rng.standard_normal((2, 3)).astype(np.float32)
     fresh = [np.sort(rng.choice(1 << 40, 256, replace=False)) for _ in range(repeat)]
-    known = fresh[:8]
+    known = [np.sort(rng.choice(1 << 40, 256, replace=False)) for _ in range(8)]
+    for ids in known:   # stored under either policy: pushed once (a round of both workers)
+        for w in workers:
+            handle(w.rows(ids, np.zeros((256, 16), np.float32)))
     msgs = {
         "dense 2x3 push (sync round of 2)": [w.dense(5, grad) for _ in range(repeat) for w in workers],
         "dense 2x3 pull": [workers[0].dense(5, None) for _ in range(repeat)],
