@@ -245,7 +245,8 @@ class Bench:
         return run
 
     def job(self, name: str, server: str, command: list[str], num_workers: int = NUM_WORKERS,
-            num_servers: int = 1, timeout: float | None = None, profile: bool = False) -> Run:
+            num_servers: int = 1, timeout: float | None = None, profile: bool = False,
+            env: dict | None = None) -> Run:
         if self.args.report_only:
             return self.load(name, server, num_workers)
         run_dir = self.runs_dir / f"{name}-{server}"
@@ -256,7 +257,7 @@ class Bench:
         pids_file = run_dir / "pids.json"
         pids_file.unlink(missing_ok=True)
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-               "BENCH_PIDS": str(pids_file)}
+               "BENCH_PIDS": str(pids_file), **(env or {})}
         server_env = {"KVSTORE_LAZY_STATS_INTERVAL": "86400"}
         if profile and server == "lazy":
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
@@ -903,6 +904,11 @@ def scenario_scale(bench: Bench, jobs: dict[str, RowsJob], init_data: dict | Non
 # ----------------------------------------------------------------------------------------------------------------
 # scenario 5: a CTR training step
 
+# Every node of a step job, ours and stock alike, runs with one OpenMP thread, as `make demo` does: on a 2-core
+# machine the stock server's (and the workers') spinning OpenMP threads otherwise take the cores from everyone.
+STEP_ENV = {"OMP_NUM_THREADS": "1"}
+
+
 def step_stats(run: Run) -> dict | None:
     """Steps/s, latency percentiles and server CPU per step of a step.py job (both workers' records)."""
     per_worker = run.of("step", None)
@@ -930,7 +936,7 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
             if impl == "stock" and bench.args.no_stock:
                 continue
             run = bench.job(name, impl, worker("step.py") + ["--server", impl, "--mode", mode] + argv,
-                            num_servers=servers, profile=bench.args.profile)
+                            num_servers=servers, profile=bench.args.profile, env=STEP_ENV)
             res[impl] = step_stats(run)
             if not run.ok:
                 failed.append(f"{name} {impl} FAILED (status {run.status}): {run.log}")
@@ -957,6 +963,7 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
              f"distinct Zipf ids per feature (the next step's), all queued at once as a Gluon Trainer does, "
              f"waited to completion (scripts/bench_workers/step.py); {c['steps']} steps measured after "
              f"{c['warmup']} warm-up steps",
+             "every node (scheduler, servers, workers) runs with OMP_NUM_THREADS=1, as make demo does",
              "steps/s per worker = 1 / mean step latency, averaged over workers; latency percentiles pool both "
              "workers' steps",
              "server CPU: user+system CPU of the server processes over the measured steps, divided by the steps "
