@@ -90,20 +90,17 @@ class ZmqVan:
     def recv(self, timeout_ms: int) -> list[bytes | memoryview] | None:
         """One multipart message from the ROUTER (identity first), or None after `timeout_ms`.
 
-        A message already queued is taken without polling (NOBLOCK first; the poller only when the queue is
-        empty), and the parts are read with the backend's recv and ``Frame.more`` instead of ``recv_multipart``,
-        whose per-part ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself for small
-        messages."""
+        With `timeout_ms` 0 (the runtime taking what is already queued) the receive is tried at once, NOBLOCK;
+        else the poller waits first (an empty NOBLOCK receive raises zmq.Again, which costs three polls). The parts
+        are read with the backend's recv and ``Frame.more`` instead of ``recv_multipart``, whose per-part
+        ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself for small messages."""
         recv = self.receiver.recv
+        if timeout_ms and not self.poller.poll(timeout_ms):
+            return None
         try:
             frame = recv(_NOBLOCK, copy=False)
-        except zmq.Again:
-            if not timeout_ms or not self.poller.poll(timeout_ms):
-                return None
-            try:
-                frame = recv(_NOBLOCK, copy=False)
-            except zmq.Again:   # readable, then not: nothing for now
-                return None
+        except zmq.Again:   # nothing queued (or readable, then not)
+            return None
         # large frames stay in ZeroMQ's buffer (a memoryview keeps it alive): no copy of pushed values
         frames = [frame.bytes]
         size = len(frames[0])
