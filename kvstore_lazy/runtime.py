@@ -693,7 +693,8 @@ class ServerNode:
         except ProtocolError as exc:
             log.error("dropping a malformed message from identity %r: %s", bytes(frames[0])[:16], exc)
             return None
-        msg.frames = frames[1:]   # as received: what the journal keeps
+        if self.journal is not None:
+            msg.frames = frames[1:]   # as received: what the journal keeps
         if self.config.verbose >= 2:
             log.info("recv from %s: %s (%d data frames)", node_name(msg.sender), msg.meta, len(msg.data))
         return msg

@@ -10,8 +10,8 @@ pull every dense key and row_sparse_pull the next step's rows of every sparse ke
 Zipf ids, shared by its embedding and wide weight), all queued at once on the engine; the step ends when
 mx.nd.waitall() returns. Ids and gradient arrays are built before the step's clock starts.
 
-Init: lazy servers get kvstore_lazy.worker.init_lazy; stock servers what a stock user sends (rank 0 the full
-Uniform(0.07) weight). Rank 0 reads the servers' CPU (/proc/<pid>/stat) after a barrier before and after the
+Init (as make demo's model: embeddings Uniform(0.07), wide weights Zero): lazy servers get
+kvstore_lazy.worker.init_lazy; stock servers what a stock user sends (rank 0 the full weight, every row). Rank 0 reads the servers' CPU (/proc/<pid>/stat) after a barrier before and after the
 measured steps (the --warmup steps before them create most of the rows and are left out).
 
 Records (JSON lines in <out>.rank<r>.jsonl): config, step (per-step latencies, wall, server CPU), done.
@@ -66,8 +66,16 @@ else:
 for key, shape in enumerate(dense_shapes):
     kv.init(key, mx.nd.ones(shape) * 0.01)
 for key, shape, _ in sparse:
+    wide = key >= WIDE_KEY
     if args.server == "lazy":
-        init_lazy(kv, key, shape, init=mx.init.Uniform(0.07), seed=args.seed)
+        init_lazy(kv, key, shape, init=mx.init.Zero() if wide else mx.init.Uniform(0.07), seed=args.seed)
+    elif wide:
+        # kv.init of a zero row_sparse array ships no rows, and a stock server then has none to pull: every row
+        # of it, zero, as a stock user's full initial weight
+        value = mx.nd.sparse.row_sparse_array((np.zeros(shape, np.float32), np.arange(shape[0])), shape=shape) \
+            if rank == 0 else mx.nd.sparse.zeros("row_sparse", shape)
+        kv.init(key, value)
+        del value
     else:
         value, _ = stock_initial_weight(rank, shape)
         kv.init(key, value)
