@@ -28,11 +28,12 @@ Exit status 0 unless one of our jobs failed (stock failures where stock cannot d
     python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step] [--out bench-results]
                             [--profile] [--no-stock] [--verbose] [--report-only]
 
---quick takes ~2-3 minutes (10 jobs); the default (full) preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on
-2026-11-30) and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker
-building a (1e7, 64) weight. --report-only rebuilds
-the tables, JSON and plot from the job records a run left in --out. scripts/bench_workers/replay.py measures the
-server's CPU per step in-process (no sockets), steady enough for an optimisation's before/after.
+--quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01); the default (full)
+preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on 2026-11-30) plus the step scenario's 8, and up to
+~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker building a (1e7, 64)
+weight. --report-only rebuilds the tables, JSON and plot from the job records a run left in --out.
+scripts/bench_workers/replay.py measures the server's CPU per step in-process (no sockets), steady enough for an
+optimisation's before/after.
 """
 from __future__ import annotations
 
@@ -1006,8 +1007,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     parser.add_argument("--out", default=str(ROOT / "bench-results"), help="output directory (default bench-results/)")
     parser.add_argument("--profile", action="store_true",
-                        help="run our servers of the throughput jobs under cProfile (CPU time) and print hot spots; "
-                             "their numbers then carry the profiler's overhead")
+                        help="run our servers of the throughput and step jobs under cProfile (CPU time) and print "
+                             "hot spots; their numbers then carry the profiler's overhead")
     parser.add_argument("--no-stock", action="store_true", help="only our server (no side by side)")
     parser.add_argument("--verbose", action="store_true", help="echo every job's output")
     parser.add_argument("--report-only", action="store_true",
