@@ -2,7 +2,7 @@
 
 Every measurement is a real ps-lite job on this machine: the stock scheduler, the servers under test (ours:
 ``python -m kvstore_lazy.server``; stock: ``DMLC_ROLE=server python -c "import mxnet"``) and stock MXNet workers
-running scripts/bench_workers/*.py, started and supervised by kvstore_lazy.launch.LocalJob, each job with a
+running scripts/bench_workers/*.py, started and supervised by kvstore_lazy.launch.Job, each job with a
 deadline and every process ended by PID. The same worker script, sizes and seeds run against both servers.
 
 Scenarios (--scenarios, default all):
@@ -59,9 +59,9 @@ WORKERS = ROOT / "scripts" / "bench_workers"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(WORKERS))
 
-import pngplot  # noqa: E402
+import plots  # noqa: E402
 from common import read_results, row_stream  # noqa: E402
-from kvstore_lazy.launch import LineSink, LocalJob  # noqa: E402
+from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
@@ -143,13 +143,13 @@ def machine() -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # jobs
 
-STATS_JSON = re.compile(r"^\[server (\d+)\] .*? INFO stats: (\{.*\})\s*$")
-STATS_SHUTDOWN = re.compile(r"^\[server (\d+)\] .*? INFO stats \(at shutdown\): key (\d+) rows (\d+) bytes (\d+)")
+STATS_JSON = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats: (\{{.*\}})\s*$")
+STATS_SHUTDOWN = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats \(at shutdown\): key (\d+) rows (\d+) bytes (\d+)")
 ERRORS = re.compile(r"(Error|error|Check failed|Traceback|exited with|deadline|Killed|Segmentation|terminate)")
 
 
 class Sink(LineSink):
-    """LocalJob's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
+    """Job's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
 
     def __init__(self, path: Path | None, verbose: bool) -> None:
         super().__init__()
@@ -263,7 +263,7 @@ class Bench:
         if profile and server == "lazy":
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
         sink = Sink(run_dir / "job.log", self.args.verbose)
-        job = LocalJob(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
+        job = Job(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
                        server=server, env=env, server_env=server_env, out=sink)
         timeout = timeout or self.cfg["timeout"]
         label = "ours " if server == "lazy" else "stock"
@@ -1103,11 +1103,10 @@ def main(argv=None) -> int:
     (bench.out / "tables.txt").write_text(report + "\n")
     (bench.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     if series:
-        pngplot.plot(bench.out / "memory_vs_rows.png", series, "SERVER MEMORY VS ROWS SEEN (ONE SERVER)",
-                     "rows seen (distinct row ids touched by the workers)", "server RSS (MiB)",
-                     hlines=[(BUDGET / MiB, "8 GIB")],
-                     notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}. dashed: stock (its memory follows "
-                            f"input_dim, not rows seen)"])
+        plots.memory_vs_rows(bench.out / "memory_vs_rows.png", series, budget_mib=BUDGET / MiB,
+                             title="Server memory vs rows seen (one server)",
+                             notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; dashed: stock (its memory "
+                                    f"follows input_dim, not rows seen) and extrapolations"])
     print(f"\nwrote {bench.out / 'tables.txt'}, {bench.out / 'results.json'}"
           f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}; job logs under {bench.runs_dir}")
     failed = [r for r in bench.runs if r.server == "lazy" and not r.ok]
