@@ -155,7 +155,7 @@ def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, ta
                    server: dict | None = None, writer: dict | None = None) -> Path:
     """Write one server's rows. `tables` maps key -> {"row_ids", "weights", "states", "meta"} (meta: JSON-able);
     `server` is JSON-able server-wide state (mode, optimizer, declarations); `writer` the advertised host and port
-    of the server writing it (``lifecycle.check_snapshot_owner``)."""
+    of the server writing it (``node_lifecycle.check_snapshot_owner``)."""
     target = Path(directory) / f"rank{rank}"
 
     def fill(tmp: Path) -> None:

@@ -23,7 +23,7 @@ def server_main(argv: list[str] | None = None) -> int:
                              "$KVSTORE_LAZY_STATUS_FILE) is alive and serving, else 1 (a Kubernetes readiness probe)")
     args = parser.parse_args(argv)
     if args.ready is not None:
-        from .lifecycle import STATUS_ENV, check_ready
+        from .node_lifecycle import STATUS_ENV, check_ready
 
         ready, why = check_ready(args.ready or os.environ.get(STATUS_ENV))
         print(("ready: " if ready else "not ready: ") + why)

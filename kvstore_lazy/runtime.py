@@ -48,7 +48,7 @@ from pathlib import Path
 
 from . import membership
 from . import checkpoint
-from . import lifecycle
+from . import node_lifecycle as lifecycle
 from . import journal as journal_mod
 from .envvars import atoi_flag, flag
 from .protocol import ProtocolError
@@ -201,7 +201,7 @@ class Config:
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
         )
-        try:   # kvstore_lazy.lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
+        try:   # kvstore_lazy.node_lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
             bind = "" if config.local else lifecycle.bind_address(env, config.host)
             config.bind = bind if lifecycle.BIND_ENV in env else ""
             config.rejoin_window = lifecycle.rejoin_window(env, config.resend_timeout)

@@ -30,7 +30,8 @@ import pytest
 
 import faultjob
 from cluster import netns_unavailable
-from kvstore_lazy import checkpoint, lifecycle
+from kvstore_lazy import checkpoint
+from kvstore_lazy import node_lifecycle as lifecycle
 from kvstore_lazy.launch import Job, NetnsPlacement, NetnsPlacer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,7 +237,7 @@ def reference(cluster, tmp_path_factory):
 def test_server_pod_recreated_with_a_new_ip_rejoins_by_name(cluster, reference, results, tmp_path):
     """Training resumes about a second after the new pod starts. The stock workers' exit then waits until their
     kernels give up the connect to the old address they were trying (tcp_syn_retries, ~130 s): ZeroMQ keeps the
-    socket the rejoined server made them replace until its queued messages are out (lifecycle docstring)."""
+    socket the rejoined server made them replace until its queued messages are out (node_lifecycle docstring)."""
     out = tmp_path / "run"
     out.mkdir()
     job = PodJob(out, recreate_after=BACKOFF)

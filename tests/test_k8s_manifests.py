@@ -22,7 +22,7 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="make k8s-deps installs it")
 
-from kvstore_lazy import lifecycle  # noqa: E402
+from kvstore_lazy import node_lifecycle as lifecycle  # noqa: E402
 from kvstore_lazy.runtime import Config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
