@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from cluster import PYTHON, ROOT, free_port
-from kvstore_lazy import checkpoint, lifecycle, membership
+from kvstore_lazy import checkpoint, membership
+from kvstore_lazy import node_lifecycle as lifecycle
 from kvstore_lazy.node_lifecycle import LifecycleError
 from kvstore_lazy.protocol.message import Message, identity_of
 from kvstore_lazy.protocol.pbmeta import ADD_NODE, SERVER
