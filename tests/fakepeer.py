@@ -16,8 +16,8 @@ import zmq
 
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of
-from kvstore_lazy.protocol.pbmeta import (ADD_NODE, BARRIER, EMPTY, SCHEDULER, SERVER, WORKER, Control, Meta, Node,
-                                          decode_meta, encode_meta)
+from kvstore_lazy.protocol.pbmeta import (ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, WORKER, Control, Meta,
+                                          Node, decode_meta, encode_meta)
 
 F32, F64, F16 = 0, 1, 2          # mshadow dtype flags
 WORKER0, WORKER1 = 9, 11         # node ids of worker ranks 0 and 1
@@ -154,6 +154,8 @@ class FakeScheduler:
         self.to_server: zmq.Socket | None = None
         self.ts = 0
         self.barriers = 0
+        self.heartbeats = 0
+        self.answer_heartbeats = True
 
     def close(self) -> None:
         for sock in (self.router, self.to_server):
@@ -161,8 +163,20 @@ class FakeScheduler:
                 sock.close(linger=0)
 
     def recv(self, timeout: float = 10.0) -> tuple[bytes, Meta]:
-        frames = _recv(self.router, timeout)
-        return frames[0], decode_meta(frames[1])
+        """The next message from the server other than a heartbeat; heartbeats are answered on the way, as the
+        stock scheduler does (Van::ProcessHearbeat)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frames = _recv(self.router, max(deadline - time.monotonic(), 0.001))
+            meta = decode_meta(frames[1])
+            if meta.control.cmd != HEARTBEAT:
+                return frames[0], meta
+            self.heartbeats += 1
+            if self.answer_heartbeats and self.to_server is not None:
+                self.send(Meta(control=Control(cmd=HEARTBEAT, nodes=[self.node()]), timestamp=self._tick()))
+
+    def node(self) -> Node:
+        return Node(role=SCHEDULER, id=SCHEDULER_ID, hostname=self.host, port=self.port)
 
     def register(self, worker_host: str, worker_port: int, timeout: float = 30.0) -> Node:
         """Wait for the server's ADD_NODE, then answer it (as ps1) listing server 8, worker 9 and the scheduler."""
@@ -177,7 +191,7 @@ class FakeScheduler:
         self.to_server.connect(f"tcp://{node.hostname}:{node.port}")
         nodes = [Node(role=SERVER, id=8, hostname=node.hostname, port=node.port),
                  Node(role=WORKER, id=9, hostname=worker_host, port=worker_port),
-                 Node(role=SCHEDULER, id=SCHEDULER_ID, hostname=self.host, port=self.port)]
+                 self.node()]
         self.send(Meta(control=Control(cmd=ADD_NODE, nodes=nodes), timestamp=self._tick()))
         return node
 

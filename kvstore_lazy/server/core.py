@@ -687,7 +687,8 @@ class KVServer:
             return np.zeros((0, entry.row_size if entry else 0), dtype)
         row_bytes = int(kv.lens[1])
         if row_bytes <= 0 or row_bytes % dtype.itemsize or np.any(kv.lens[1:] != row_bytes):
-            raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
+            raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}, got "
+                                  f"lens {kv.lens[:8].tolist()} for {len(kv.keys)} keys, {len(kv.vals)} value bytes")
         row_size = row_bytes // dtype.itemsize
         if entry is not None and row_size != entry.row_size:
             raise BadRequest(key, f"rows of {row_size} elements pushed to a key of {entry.row_size}")
