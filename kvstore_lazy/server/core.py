@@ -685,15 +685,20 @@ class KVServer:
             raise BadRequest(key, f"row_sparse push needs one len per key and lens[0] == 0, got {kv.lens[:4]}")
         if num_rows == 0:
             return np.zeros((0, entry.row_size if entry else 0), dtype)
-        row_bytes = int(kv.lens[1])
-        if row_bytes <= 0 or row_bytes % dtype.itemsize or np.any(kv.lens[1:] != row_bytes):
-            raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}, got "
-                                  f"lens {kv.lens[:8].tolist()} for {len(kv.keys)} keys, {len(kv.vals)} value bytes")
+        # issue 11, defect 9: the values, not lens[1:], give the row size. A stock worker's lens are bytes per row,
+        # but MXNet's KVStoreDist shares one lens buffer per key between pushes and row_sparse pulls, and a pull's
+        # reply (lens in elements, RowSparsePullResponse) arriving while a push of the key is still being sent
+        # overwrites the push's lens: [0, 10, 10] for two 40-byte rows. Keys and values are intact.
+        row_bytes, extra = divmod(len(kv.vals), num_rows)
         row_size = row_bytes // dtype.itemsize
+        if extra or row_bytes == 0 or row_bytes % dtype.itemsize:
+            raise BadRequest(key, f"{len(kv.vals)} value bytes are not {num_rows} rows of whole {dtype.name} values")
+        lens = kv.lens[1:]
+        if np.any((lens != row_bytes) & (lens != row_size)):
+            raise BadRequest(key, f"row lens must each be a row's bytes ({row_bytes}) or elements ({row_size}), got "
+                                  f"lens {kv.lens[:8].tolist()} for {len(kv.keys)} keys, {len(kv.vals)} value bytes")
         if entry is not None and row_size != entry.row_size:
             raise BadRequest(key, f"rows of {row_size} elements pushed to a key of {entry.row_size}")
-        if len(kv.vals) != num_rows * row_bytes:
-            raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
         return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_size)
 
     def _check_rows(self, key: int, entry: SparseEntry, row_ids: np.ndarray) -> None:

@@ -22,6 +22,9 @@ p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--keys", type=int, default=4, help="Parameters, each a (2, 10) row_sparse weight")
 p.add_argument("--check-every", type=int, default=1, help="pull and check the weights after every N steps")
+p.add_argument("--grad", default="autograd", help="autograd: backward of (rank + 1) / 2 * sum(w * w) over the pulled "
+                                                  "rows; direct: write (rank + 1) * w into the gradient (w as "
+                                                  "expected), so the push does not wait for the pull")
 args = p.parse_args()
 
 kv = mx.kv.create("dist_sync")
@@ -37,11 +40,17 @@ factor = 1.0 - sum(r + 1 for r in range(nw)) / 8.0
 expected = np.float32(INIT)
 seen = []
 for step in range(args.steps):
-    with autograd.record():
-        ws = [param.row_sparse_data(all_rows) for param in params]
-        loss = sum((w * w).sum() for w in ws) * ((rank + 1) / 2.0)
-    loss.backward()
-    trainer.step(1)
+    if args.grad == "autograd":
+        with autograd.record():
+            ws = [param.row_sparse_data(all_rows) for param in params]
+            loss = sum((w * w).sum() for w in ws) * ((rank + 1) / 2.0)
+        loss.backward()
+        trainer.step(1)
+    else:
+        for param in params:
+            param.row_sparse_data(all_rows)     # the forward's pull, not waited for
+            param.list_grad()[0][:] = mx.nd.full((2, 10), (rank + 1) * expected)
+        trainer.step(1, ignore_stale_grad=True)
     expected = np.float32(expected * np.float32(factor))
     if (step + 1) % args.check_every and step + 1 < args.steps:
         continue
