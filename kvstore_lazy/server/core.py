@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,6 +118,7 @@ class LazySpec:
 
     @classmethod
     def from_json(cls, body: dict) -> "LazySpec":
+        _check_declaration(body)   # issue 11 (defect 8): exact types and ranges, caps (defect 5)
         try:
             row_shape = tuple(int(d) for d in body["row_shape"])
             spec = cls(key=int(body["key"]), total_rows=int(body["rows"]), row_shape=row_shape,
@@ -170,6 +172,7 @@ class KVServer:
         self.sparse: dict[int, SparseEntry] = {}
         self.specs: dict[int, LazySpec] = {}
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
+        self.poisoned_all: set[int] = set()   # issue 11: workers past MAX_POISONED pairs: every pull fails
         self.row_queries: dict[int, tuple[int, np.ndarray]] = {}  # worker node id -> (key, existing row ids)
         self.aliases: dict[int, int] = {}   # string-key int -> virtual key (LAZY_ALIAS)
         self.stopped = False
@@ -225,13 +228,16 @@ class KVServer:
         log.error("bad request from %s, key %s: %s", node_name(msg.sender), key if key is not None else "?", reason)
         req = Request(msg.sender, msg.meta)
         if key is not None and msg.meta.push:
-            self.poisoned.add((msg.sender, key))
+            if len(self.poisoned) < MAX_POISONED:
+                self.poisoned.add((msg.sender, key))
+            else:
+                self.poisoned_all.add(msg.sender)
         if msg.meta.pull and kv is not None and len(kv.keys):
             return [self._reply(req, KVPairs(kv.keys, b"", np.zeros(len(kv.keys), np.int32)))]
         return [self._reply(req)]
 
     def _check_poison(self, sender: int, key: int) -> None:
-        if (sender, key) in self.poisoned:
+        if (sender, key) in self.poisoned or sender in self.poisoned_all:
             self.poisoned.discard((sender, key))
             raise BadRequest(key, "an earlier push of this key from this worker was rejected (see above); "
                                   "failing this pull so the worker does not train on wrong values")
@@ -331,6 +337,10 @@ class KVServer:
             if known.to_json() != spec.to_json():
                 log.warning("key %d re-declared with another initializer or seed; keeping the first", spec.key)
             return
+        if spec.key in self.dense:   # issue 11
+            raise ValueError(f"key {spec.key} already holds a dense value; it cannot be declared lazy")
+        if len(self.specs) >= MAX_DECLARED_KEYS:
+            raise ValueError(f"key {spec.key}: this server already has {len(self.specs)} declared keys, its limit")
         self.specs[spec.key] = spec
         log.info("lazy key %d declared: %s rows x %s %s, init %s, seed %d", spec.key, spec.total_rows,
                  spec.row_shape, spec.dtype.name, spec.init, spec.seed)
@@ -522,10 +532,7 @@ class KVServer:
                 return 0
             return int(values[self.rank]) if len(values) == self.num_servers else int(max(values))
 
-        count = mine(counts)
-        if count > 0:
-            self.optimizer._index_update_count[key] = count
-        self.optimizer.num_update = max(int(self.optimizer.num_update), mine(num_update))
+        self.optimizer.restore_count(key, mine(counts), mine(num_update))   # issue 11: checked (bounded scheduler)
 
     def _rows_header(self, key: int, ids: np.ndarray) -> np.ndarray:
         """Local row 0 of ROWS_HEADER_KEY: [rows listed (row_sparse) or elements here (dense), optimizer states,
@@ -642,6 +649,8 @@ class KVServer:
         row_ids = (kv.keys[1:] - kv.keys[0]).astype(np.int64)
         if np.any(kv.keys[1:] < kv.keys[0]):
             raise BadRequest(key, "row key below its master key")
+        if len(row_ids) and int(kv.keys[1:].max() - kv.keys[0]) >= 1 << 63:   # issue 11: int64 would wrap
+            raise BadRequest(key, f"row id {int(kv.keys[1:].max() - kv.keys[0])} is beyond 2^63 - 1")
         if len(row_ids) > 1 and not np.all(row_ids[1:] > row_ids[:-1]):
             bad = int(np.argmax(row_ids[1:] <= row_ids[:-1])) + 1
             raise BadRequest(key, f"row ids are not sorted and unique (row {int(row_ids[bad])} at position {bad})")
@@ -814,6 +823,41 @@ class KVServer:
                           for e in self.dense.values())
         return {"rank": self.rank, "sparse": keys, "dense_keys": len(self.dense), "dense_bytes": dense_bytes,
                 "bad_requests": self.bad_requests}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 11: what one peer can make the server hold (defect 5) and what a declaration may say (defect 8)
+
+MAX_POISONED = 4096              # (worker, key) pairs remembered for a failing next pull; past it, every pull fails
+MAX_DECLARED_KEYS = 4096         # lazy keys one server accepts declarations of
+MAX_ROW_ELEMENTS = 1 << 16       # elements in one declared row (256 KiB of float32)
+
+
+def _check_declaration(body) -> None:
+    """ValueError naming the field unless a LAZY_DECLARE body has exactly the types and ranges a worker's
+    lazy_spec_body writes: no floats for ints (1.5 rows), no strings for lists ("8"), no null dtype."""
+    if not isinstance(body, dict):
+        raise ValueError(f"a lazy declaration is a JSON object, got {type(body).__name__}")
+
+    def integer(name: str, low: int, high: int, default=None) -> int:
+        value = body.get(name, default)
+        if type(value) is not int or not low <= value < high:
+            raise ValueError(f"lazy declaration: {name} = {value!r} must be an integer in [{low}, {high})")
+        return value
+
+    integer("key", 0, mx.ROWS_HEADER_KEY)
+    integer("rows", 1, 1 << 63)
+    integer("seed", -(1 << 63), 1 << 64, 0)
+    integer("bound", 1, 1 << 63, 1_000_000)
+    shape = body.get("row_shape")
+    if not isinstance(shape, list) or not shape or any(type(d) is not int or d < 1 for d in shape):
+        raise ValueError(f"lazy declaration: row_shape = {shape!r} must be a non-empty list of integers >= 1")
+    if math.prod(shape) > MAX_ROW_ELEMENTS:
+        raise ValueError(f"lazy declaration: rows of {math.prod(shape)} elements, more than this server's limit of "
+                         f"{MAX_ROW_ELEMENTS}")
+    if not isinstance(body.get("dtype", "float32"), str) or not isinstance(body.get("init"), str):
+        raise ValueError(f"lazy declaration: dtype = {body.get('dtype')!r} and init = {body.get('init')!r} must be "
+                         f"strings")
 
 
 # ----------------------------------------------------------------------------------------------------------------
