@@ -57,6 +57,8 @@ Uniform values are bit-exact on any IEEE platform; normal values go through
 ``log``/``cos``/``sin`` and may differ in the last ulp between libms.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import numbers
@@ -82,13 +84,13 @@ _DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 # --------------------------------------------------------------------- generator
-def _mix64_int(z):
+def _mix64_int(z: int) -> int:
     z = ((z ^ (z >> 30)) * _M1) & _MASK
     z = ((z ^ (z >> 27)) * _M2) & _MASK
     return z ^ (z >> 31)
 
 
-def _mix64_(z, tmp):
+def _mix64_(z: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     """In-place mix64 of the uint64 array ``z``; ``tmp`` is a same-shape buffer."""
     for shift, mult in ((np.uint64(30), np.uint64(_M1)), (np.uint64(27), np.uint64(_M2))):
         np.right_shift(z, shift, out=tmp)
@@ -99,7 +101,7 @@ def _mix64_(z, tmp):
     return z
 
 
-def row_states(seed, key, row_ids):
+def row_states(seed: int, key: int, row_ids: np.ndarray) -> np.ndarray:
     """``state(seed, key, r)`` for every r in ``row_ids`` (uint64 array)."""
     h = _mix64_int(((0 ^ (operator.index(seed) & _MASK)) + GAMMA) & _MASK)
     h = _mix64_int(((h ^ (operator.index(key) & _MASK)) + GAMMA) & _MASK)
@@ -108,25 +110,25 @@ def row_states(seed, key, row_ids):
     return _mix64_(s, np.empty_like(s))
 
 
-def _bits(states, ncols):
+def _bits(states: np.ndarray, ncols: int) -> np.ndarray:
     """``bits(r, c)`` for c in range(ncols): a (len(states), ncols) uint64 array."""
     z = np.multiply(np.arange(1, ncols + 1, dtype=np.uint64), np.uint64(GAMMA))
     z = np.add(states[:, None], z[None, :])
     return _mix64_(z, np.empty_like(z))
 
 
-def random_bits(seed, key, row_ids, ncols):
+def random_bits(seed: int, key: int, row_ids: np.ndarray, ncols: int) -> np.ndarray:
     """``bits(seed, key, r, c)`` for r in row_ids, c in range(ncols)."""
     return _bits(row_states(seed, key, row_ids), ncols)
 
 
-def _uniform01(states, ncols):
+def _uniform01(states: np.ndarray, ncols: int) -> np.ndarray:
     z = _bits(states, ncols)
     z >>= np.uint64(11)
     return np.multiply(z, 2.0 ** -53)
 
 
-def uniform01(seed, key, row_ids, ncols):
+def uniform01(seed: int, key: int, row_ids: np.ndarray, ncols: int) -> np.ndarray:
     """``u(c)`` in [0, 1) for r in row_ids, c in range(ncols), float64."""
     return _uniform01(row_states(seed, key, row_ids), ncols)
 
@@ -137,7 +139,8 @@ class RowInitializer:
 
     name = "?"
 
-    def rows(self, seed, key, row_ids, shape, dtype):
+    def rows(self, seed: int, key: int, row_ids: np.ndarray, shape: tuple[int, ...],
+             dtype: np.dtype | str) -> np.ndarray:
         """Initial values of rows ``row_ids`` (1-D, global ids, any order) of a
         weight of full shape ``shape``: an array (len(row_ids), prod(shape[1:]))
         of ``dtype``.  Row r only depends on (seed, key, r, shape)."""
@@ -157,7 +160,7 @@ class RowInitializer:
             self._fill(seed, key, row_ids.astype(np.uint64, copy=False), shape, out)
         return out
 
-    def _fill(self, seed, key, row_ids, shape, out):
+    def _fill(self, seed: int, key: int, row_ids: np.ndarray, shape: tuple[int, ...], out: np.ndarray) -> None:
         """Fill ``out`` chunk by chunk with ``self._values(states, ncols, shape)``."""
         states = row_states(seed, key, row_ids)
         ncols = out.shape[1]
@@ -165,10 +168,10 @@ class RowInitializer:
         for i in range(0, len(states), step):
             out[i:i + step] = self._values(states[i:i + step], ncols, shape)
 
-    def _values(self, states, ncols, shape):
+    def _values(self, states: np.ndarray, ncols: int, shape: tuple[int, ...]) -> np.ndarray:
         raise NotImplementedError
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "%s(%s)" % (type(self).__name__, ", ".join(
             "%s=%r" % kv for kv in sorted(vars(self).items())))
 
@@ -177,11 +180,11 @@ class ConstantRows(RowInitializer):
     """zero, one, constant(value): ``value`` broadcast onto each row (or, when it
     has the full weight shape, row r takes ``value[r]``)."""
 
-    def __init__(self, value, name="constant"):
+    def __init__(self, value: float | np.ndarray, name: str = "constant") -> None:
         self.name = name
         self.value = value
 
-    def _fill(self, seed, key, row_ids, shape, out):
+    def _fill(self, seed: int, key: int, row_ids: np.ndarray, shape: tuple[int, ...], out: np.ndarray) -> None:
         v = np.asarray(self.value, dtype=np.float64)
         if v.ndim == len(shape) and v.ndim and v.shape[0] == shape[0] != 1:
             if row_ids.size and int(row_ids.max()) >= shape[0]:
@@ -201,10 +204,10 @@ class UniformRows(RowInitializer):
 
     name = "uniform"
 
-    def __init__(self, low, high):
+    def __init__(self, low: float, high: float) -> None:
         self.low, self.high = float(low), float(high)
 
-    def _values(self, states, ncols, shape):
+    def _values(self, states: np.ndarray, ncols: int, shape: tuple[int, ...]) -> np.ndarray:
         u = _uniform01(states, ncols)
         u *= self.high - self.low
         u += self.low
@@ -216,10 +219,10 @@ class NormalRows(RowInitializer):
 
     name = "normal"
 
-    def __init__(self, sigma):
+    def __init__(self, sigma: float) -> None:
         self.sigma = float(sigma)
 
-    def _values(self, states, ncols, shape):
+    def _values(self, states: np.ndarray, ncols: int, shape: tuple[int, ...]) -> np.ndarray:
         u = _uniform01(states, 2 * ((ncols + 1) // 2))
         rad = np.subtract(1.0, u[:, 0::2])
         np.log(rad, out=rad)
@@ -239,7 +242,8 @@ class XavierRows(RowInitializer):
 
     name = "xavier"
 
-    def __init__(self, rnd_type="uniform", factor_type="avg", magnitude=3.0, name="xavier"):
+    def __init__(self, rnd_type: str = "uniform", factor_type: str = "avg", magnitude: float = 3.0,
+                 name: str = "xavier") -> None:
         if rnd_type not in ("uniform", "gaussian"):
             raise InitializerError("%s: unknown rnd_type %r" % (name, rnd_type))
         if factor_type not in ("avg", "in", "out"):
@@ -247,7 +251,7 @@ class XavierRows(RowInitializer):
         self.rnd_type, self.factor_type = rnd_type, factor_type
         self.magnitude, self.name = float(magnitude), name
 
-    def scale(self, shape):
+    def scale(self, shape: tuple[int, ...]) -> float:
         """The ``scale`` of ``mxnet.init.Xavier._init_weight`` for a weight ``shape``."""
         if len(shape) < 2:
             raise InitializerError("%s initializer cannot be applied to a vector of shape %r;"
@@ -259,14 +263,14 @@ class XavierRows(RowInitializer):
             raise InitializerError("%s: zero fan for shape %r" % (self.name, tuple(shape)))
         return math.sqrt(self.magnitude / factor)
 
-    def _fill(self, seed, key, row_ids, shape, out):
+    def _fill(self, seed: int, key: int, row_ids: np.ndarray, shape: tuple[int, ...], out: np.ndarray) -> None:
         s = self.scale(shape)
         inner = UniformRows(-s, s) if self.rnd_type == "uniform" else NormalRows(s)
         inner._fill(seed, key, row_ids, shape, out)
 
 
 # ----------------------------------------------------------------------- parsing
-def _number(name, kwargs, arg, default=None, nonneg=True):
+def _number(name: str, kwargs: dict, arg: str, default: float | None = None, nonneg: bool = True) -> float:
     v = kwargs.pop(arg, default)
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
             or (nonneg and v < 0):
@@ -275,7 +279,7 @@ def _number(name, kwargs, arg, default=None, nonneg=True):
     return float(v)
 
 
-def _constant_value(name, v):
+def _constant_value(name: str, v: object) -> float | np.ndarray:
     try:
         a = np.asarray(v, dtype=np.float64)
     except (TypeError, ValueError):
@@ -286,35 +290,35 @@ def _constant_value(name, v):
     return float(a) if a.ndim == 0 else a
 
 
-def _make_zero(kw):
+def _make_zero(kw: dict) -> RowInitializer:
     return ConstantRows(0.0, "zero")
 
 
-def _make_one(kw):
+def _make_one(kw: dict) -> RowInitializer:
     return ConstantRows(1.0, "one")
 
 
-def _make_constant(kw):
+def _make_constant(kw: dict) -> RowInitializer:
     if "value" not in kw:
         raise InitializerError("constant: missing 'value'")
     return ConstantRows(_constant_value("constant", kw.pop("value")))
 
 
-def _make_uniform(kw):
+def _make_uniform(kw: dict) -> RowInitializer:
     s = _number("uniform", kw, "scale", 0.07)
     return UniformRows(-s, s)
 
 
-def _make_normal(kw):
+def _make_normal(kw: dict) -> RowInitializer:
     return NormalRows(_number("normal", kw, "sigma", 0.01))
 
 
-def _make_xavier(kw):
+def _make_xavier(kw: dict) -> RowInitializer:
     return XavierRows(kw.pop("rnd_type", "uniform"), kw.pop("factor_type", "avg"),
                       _number("xavier", kw, "magnitude", 3))
 
 
-def _make_msraprelu(kw):
+def _make_msraprelu(kw: dict) -> RowInitializer:
     slope = _number("msraprelu", kw, "slope", 0.25, nonneg=False)
     return XavierRows("gaussian", kw.pop("factor_type", "avg"), 2.0 / (1 + slope ** 2),
                       name="msraprelu")
@@ -325,7 +329,7 @@ _FACTORIES = {"zero": _make_zero, "one": _make_one, "constant": _make_constant,
               "xavier": _make_xavier, "msraprelu": _make_msraprelu}
 
 
-def parse_initializer(dumps):
+def parse_initializer(dumps: str) -> RowInitializer:
     """Parse ``mxnet.init.X(...).dumps()`` (``'["name", {kwargs}]'``).
 
     Raises :class:`InitializerError` for malformed strings, unsupported
