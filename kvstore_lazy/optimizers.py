@@ -34,7 +34,6 @@ import copy
 import functools
 import io
 import math
-import numbers
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -417,6 +416,9 @@ class Optimizer:
                 raise UnusableOptimizerError(f'{type(self).__name__}.lr_scheduler = {_show(scheduler)}: must be '
                                              f'None or an mxnet.lr_scheduler scheduler')
             scheduler.validate()
+            # the first update asks it about the largest count so far: it must answer in bounded time
+            counts = [c for per_device in self._all_index_update_counts.values() for c in per_device.values()]
+            copy.deepcopy(scheduler)(max([self.num_update, self.begin_num_update] + counts) + 1)
 
     def restore_count(self, key: int, count: int, num_update: int) -> None:
         """LAZY_SET_COUNTS: the update count of `key` (if > 0) and num_update (if larger) as a checkpoint had them.
