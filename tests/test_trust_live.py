@@ -452,3 +452,29 @@ def test_a_scheduler_dead_during_the_final_barrier_is_noticed(tmp_path, how):
         worker.close()
         sched.close()
         ctx.term()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# defect 9: the issue's own job, under load
+
+def test_stock_gluon_row_sparse_steps_under_load(job_factory):
+    """Stock Gluon Trainer.step on (2, 10) row_sparse Parameters (grad_stype row_sparse), 3 workers, 2 servers,
+    dist_sync, SGD lr 1.0, each worker's gradient (rank + 1) * w over all rows, while the machine is busy. On a
+    worker of rank > 0, the first push of a key races with the reply to its first row_sparse pull: MXNet shares one
+    lens buffer per key between them (kvstore_dist.h EncodeRowSparseKey / ZPull), so the push can leave with the
+    pull reply's lens, in elements ([0, 10, 10] for 80 value bytes). A big dense push in each step keeps the
+    connections busy so the row_sparse pushes wait in ZeroMQ's queue: the window is wide, and on the unfixed server
+    most runs had pushes refused and the job hung (2 of 3 tried)."""
+    job = job_factory("rsp", num_workers=3, num_servers=2, server="lazy",
+                      mode_env={"MXNET_STORAGE_FALLBACK_LOG_VERBOSE": "0"})
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: "
+                                                   "pass"])
+    try:
+        job.start()
+        job.run_workers("rsp_step.py", ["--out", str(job.tmp / "res"), "--steps", "5", "--keys", "20", "--grad",
+                                        "direct", "--congest", "2000000", "--check-every", "1"], timeout=150)
+    finally:
+        busy.kill()
+        busy.wait(timeout=10)
+    for name in ("server0", "server1"):
+        assert "bad request" not in job.log(name), job.log(name)[-3000:]

@@ -25,6 +25,9 @@ p.add_argument("--check-every", type=int, default=1, help="pull and check the we
 p.add_argument("--grad", default="autograd", help="autograd: backward of (rank + 1) / 2 * sum(w * w) over the pulled "
                                                   "rows; direct: write (rank + 1) * w into the gradient (w as "
                                                   "expected), so the push does not wait for the pull")
+p.add_argument("--congest", type=int, default=0, help="also push a dense key of this many float32 before each step "
+                                                      "(partitioned over the servers), which keeps the connections "
+                                                      "busy: the row_sparse pushes wait behind it in ZeroMQ's queue")
 args = p.parse_args()
 
 kv = mx.kv.create("dist_sync")
@@ -37,6 +40,9 @@ for param in params:
 trainer = gluon.Trainer(params, "sgd", {"learning_rate": 1.0, "rescale_grad": 1.0 / 8}, kvstore=kv)
 all_rows = mx.nd.arange(0, 2, dtype="int64")
 factor = 1.0 - sum(r + 1 for r in range(nw)) / 8.0
+BIG = 999   # the congesting dense key (the Trainer's keys are 0..keys-1)
+if args.congest:
+    kv.init(BIG, mx.nd.zeros(args.congest))
 expected = np.float32(INIT)
 seen = []
 for step in range(args.steps):
@@ -50,6 +56,8 @@ for step in range(args.steps):
         for param in params:
             param.row_sparse_data(all_rows)     # the forward's pull, not waited for
             param.list_grad()[0][:] = mx.nd.full((2, 10), (rank + 1) * expected)
+        if args.congest:
+            kv.push(BIG, mx.nd.ones(args.congest))
         trainer.step(1, ignore_stale_grad=True)
     expected = np.float32(expected * np.float32(factor))
     if (step + 1) % args.check_every and step + 1 < args.steps:
