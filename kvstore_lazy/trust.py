@@ -23,6 +23,7 @@ can speak as the scheduler or any worker. Here a message is served only if all o
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ def parse_allow(text: str) -> tuple[Network, ...]:
     return tuple(networks)
 
 
+@functools.lru_cache(maxsize=4096)   # peers send from a handful of addresses: parse each once
 def ip_of(text: str | None) -> Address | None:
     if not text:
         return None
@@ -90,9 +92,17 @@ class Gate:
     scheduler_host: str = ""
     sources: dict[int, frozenset[Address]] = field(default_factory=dict)   # node id -> addresses it may send from
     refused_nodes: dict[int, str] = field(default_factory=dict)            # announced, but never served: why
+    _allowed: dict = field(default_factory=dict, repr=False)               # address -> inside the allow-list
 
     def allowed(self, ip: Address) -> bool:
-        return not self.allow or any(ip in net for net in self.allow)
+        if not self.allow:
+            return True
+        known = self._allowed.get(ip)
+        if known is None:
+            if len(self._allowed) > 4096:
+                self._allowed.clear()
+            known = self._allowed[ip] = any(ip in net for net in self.allow)
+        return known
 
     def sources_of(self, host: str) -> tuple[frozenset[Address], str | None]:
         """(addresses a node announced at `host` may send from, or why none)."""
