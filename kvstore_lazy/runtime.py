@@ -28,6 +28,12 @@ Durability and recovery (KVSTORE_LAZY_SNAPSHOT_DIR, KVSTORE_LAZY_JOURNAL, KVSTOR
   re-sent and the job hangs. The scheduler also keeps its list of recovered nodes forever, so a second recovery
   would fail its CHECK_EQ(size, 1).
 
+Who may send what (issue 11): every received message passes ``trust.Gate`` in ``_recv`` before anything reads it
+(strict identities, the scheduler's validated node list, announced source addresses, per-role permissions); the
+scheduler's DEALER is watched (``ZmqVan.watch``) and heartbeated, and a lost scheduler ends the process with one
+error line and status 3 (``SchedulerLost``) in every phase. Sends never block (``ZmqVan`` queues, and drops a peer
+that stops reading).
+
 Stock ps-lite races under PS_RESEND that this server works around (see start and stop): the scheduler creates its
 resender up to 100 ms after answering the registrations, so BARRIER requests that arrive first are counted, never
 ACKed, resent and counted again; the extra counts release the final barrier before every node asked.
@@ -942,7 +948,10 @@ class ServerNode:
     def _admit(self, msg: Message, peer: str | None) -> bool:
         """trust.Gate's verdict on a received message; a refused one is logged (rate-limited) and dropped."""
         dropped = self.van.dropped.get(msg.sender)
-        reason = f"this server dropped it ({dropped})" if dropped else self.trust_gate.refusal(msg.sender, peer, msg.meta)
+        if dropped:
+            reason = f"this server dropped it ({dropped})"
+        else:
+            reason = self.trust_gate.refusal(msg.sender, peer, msg.meta)
         if reason is None:
             if msg.sender == membership.SCHEDULER_ID:
                 self._asked_scheduler = None

@@ -869,8 +869,9 @@ def test_rejected_pushes_to_many_keys_hold_bounded_memory(loaded, caplog):
 
 
 BAD_DECLARATIONS = {
-    "rows-1e300": {"rows": 1e300}, "rows-1.5": {"rows": 1.5}, "rows-true": {"rows": True}, "rows-2^63": {"rows": 2 ** 63},
-    "row-shape-empty": {"row_shape": []}, "row-shape-string": {"row_shape": "8"}, "row-shape-float": {"row_shape": [8.5]},
+    "rows-1e300": {"rows": 1e300}, "rows-1.5": {"rows": 1.5}, "rows-true": {"rows": True},
+    "rows-2^63": {"rows": 2 ** 63}, "row-shape-empty": {"row_shape": []}, "row-shape-string": {"row_shape": "8"},
+    "row-shape-float": {"row_shape": [8.5]},
     "row-shape-zero": {"row_shape": [4, 0]}, "dtype-null": {"dtype": None}, "dtype-number": {"dtype": 0},
     "bound-0": {"bound": 0}, "bound-negative": {"bound": -5}, "key-negative": {"key": -1}, "key-2^64": {"key": 2 ** 64},
     "key-virtual": {"key": proto.ROWS_HEADER_KEY}, "key-string": {"key": "11"}, "seed-float": {"seed": 0.5},

@@ -2,9 +2,9 @@
 ``stype='row_sparse', grad_stype='row_sparse'``, SGD with learning rate 1.0 on the servers (update_on_kvstore), each
 worker's gradient ``(rank + 1) * w`` over all rows (the gradient of ``(rank + 1) / 2 * sum(w * w)``).
 
-rescale_grad is 1/8 (set up front: the kvstore has it before the first step), so with 3 workers one step is ``w - (1 + 2 + 3) * w / 8 = w / 4``: every value
-stays exact in float32 (a power-of-two scaling), whatever order the server sums the pushes in. Each step's pulled
-weight is checked against that, and the results go to <out>.rank<r>.npz.
+rescale_grad is 1/8 (set up front: the kvstore has it before the first step), so with 3 workers one step is
+``w - (1 + 2 + 3) * w / 8 = w / 4``: every value stays exact in float32 (a power-of-two scaling), whatever order the
+server sums the pushes in. The pulled weights are checked against that, and the results go to <out>.rank<r>.npz.
 """
 import argparse
 import os
