@@ -956,6 +956,13 @@ class ServerNode:
             if msg.sender == membership.SCHEDULER_ID:
                 self._asked_scheduler = None
             return True
+        if self.roster is None and msg.sender == membership.SCHEDULER_ID and msg.meta.control.cmd == ADD_NODE \
+                and reason.startswith("it comes from"):
+            # The scheduler's node list from another address than DMLC_PS_ROOT_URI: a Service (ClusterIP) or NAT in
+            # between, most likely. Only the first connection as ps1 gets through ZeroMQ, so waiting cannot help.
+            raise StartupError(f"the scheduler's node list came from {peer}, but DMLC_PS_ROOT_URI="
+                               f"{self.config.root_uri} is not that address (behind a Service address or NAT? then "
+                               f"set KVSTORE_LAZY_CHECK_ADDRESS=0, or point DMLC_PS_ROOT_URI at the scheduler itself)")
         suffix = self._refusals.admit((msg.sender, peer, reason))
         if suffix is not None:
             who = node_name(msg.sender) if msg.sender == EMPTY or (

@@ -145,9 +145,10 @@ def _recv(sock: zmq.Socket, timeout: float) -> list[bytes]:
 class FakeScheduler:
     """The scheduler's side of one server's life: ADD_NODE reply, BARRIER releases (ps-lite Van/Postoffice)."""
 
-    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1") -> None:
+    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1", source: str | None = None) -> None:
         self.ctx = ctx
         self.host = host
+        self.source = source     # the address its DEALER to the server connects from (None: the kernel's choice)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.port = self.router.bind_to_random_port(f"tcp://{host}")
@@ -188,7 +189,8 @@ class FakeScheduler:
         self.to_server = self.ctx.socket(zmq.DEALER)
         self.to_server.setsockopt(zmq.LINGER, 0)
         self.to_server.setsockopt(zmq.IDENTITY, identity_of(SCHEDULER_ID))
-        self.to_server.connect(f"tcp://{node.hostname}:{node.port}")
+        prefix = f"{self.source}:0;" if self.source else ""
+        self.to_server.connect(f"tcp://{prefix}{node.hostname}:{node.port}")
         nodes = [Node(role=SERVER, id=8, hostname=node.hostname, port=node.port),
                  Node(role=WORKER, id=9, hostname=worker_host, port=worker_port),
                  self.node()]

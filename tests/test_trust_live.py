@@ -478,3 +478,31 @@ def test_stock_gluon_row_sparse_steps_under_load(job_factory):
         busy.wait(timeout=10)
     for name in ("server0", "server1"):
         assert "bad request" not in job.log(name), job.log(name)[-3000:]
+
+
+def test_a_scheduler_at_another_address_than_announced_is_said_at_once(tmp_path):
+    """DMLC_PS_ROOT_URI is 127.0.0.1 but the node list comes from 127.0.0.2 (what a ClusterIP Service in front of
+    the scheduler looks like): the server exits 2 at once, naming KVSTORE_LAZY_CHECK_ADDRESS, instead of waiting
+    for a node list that cannot get through."""
+    ctx = zmq.Context()
+    sched = FakeScheduler(ctx, source="127.0.0.2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "KVSTORE_LAZY_"))}
+    env.update({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(sched.port),
+                "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "127.0.0.1",
+                "PYTHONPATH": str(ROOT)})
+    log = tmp_path / "server.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore_lazy.server"], env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+    try:
+        sched.register("127.0.0.1", free_port(), timeout=STARTUP)
+        assert proc.wait(timeout=30) == 2
+        text = log.read_text()
+        assert "the scheduler's node list came from 127.0.0.2" in text and "KVSTORE_LAZY_CHECK_ADDRESS=0" in text
+        assert "Traceback" not in text
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        sched.close()
+        ctx.term()
