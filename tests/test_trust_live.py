@@ -10,6 +10,7 @@ server exited 3 in bounded time). Every process has a deadline and is ended by i
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -135,10 +136,6 @@ def rss_kib(pid: int) -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def control_frame(cmd: int, **kw) -> bytes:
-    return encode_meta(Meta(control=Control(cmd=cmd, **kw), timestamp=0))
 
 
 def settled(job: Live, quiet: float = 1.0, timeout: float = 60.0) -> None:
@@ -406,21 +403,36 @@ def test_a_scheduler_dead_during_registration_is_noticed(live):
     assert code == 3 and job.log().count("lost the scheduler") == 1
 
 
-@pytest.mark.parametrize("how", ["closed", "silent"])
-def test_a_scheduler_dead_during_the_final_barrier_is_noticed(tmp_path, how):
-    """The final BARRIER(7) after kStopServer: the scheduler has the request and dies (its sockets close) or stops
-    answering (heartbeats unanswered). A fake scheduler and worker drive the server there."""
+@contextlib.contextmanager
+def fake_job(tmp: Path, source: str | None = None, **extra: str):
+    """Our server alone (1 server, 1 worker) for a fake scheduler (its DEALER from `source`) and a fake worker:
+    yields (scheduler, worker, server process, its log file); the process is ended by its PID afterwards."""
     ctx = zmq.Context()
-    sched, worker = FakeScheduler(ctx), FakeWorker(ctx)
+    sched, worker = FakeScheduler(ctx, source=source), FakeWorker(ctx)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "KVSTORE_LAZY_"))}
     env.update({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(sched.port),
                 "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "127.0.0.1",
-                "KVSTORE_LAZY_SCHEDULER_TIMEOUT": "2", "PYTHONPATH": str(ROOT)})
-    log = tmp_path / "server.log"
+                "PYTHONPATH": str(ROOT), **extra})
+    log = tmp / "server.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "kvstore_lazy.server"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
     try:
+        yield sched, worker, proc, log
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        worker.close()
+        sched.close()
+        ctx.term()
+
+
+@pytest.mark.parametrize("how", ["closed", "silent"])
+def test_a_scheduler_dead_during_the_final_barrier_is_noticed(tmp_path, how):
+    """The final BARRIER(7) after kStopServer: the scheduler has the request and dies (its sockets close) or stops
+    answering (heartbeats unanswered). A fake scheduler and worker drive the server there."""
+    with fake_job(tmp_path, KVSTORE_LAZY_SCHEDULER_TIMEOUT="2") as (sched, worker, proc, log):
         node = sched.register(worker.host, worker.port, timeout=STARTUP)
         worker.connect(node.hostname, node.port)
         sched.answer_barrier(10)
@@ -445,13 +457,6 @@ def test_a_scheduler_dead_during_the_final_barrier_is_noticed(tmp_path, how):
         text = log.read_text()
         assert code == 3 and text.count("lost the scheduler") == 1, text[-3000:]
         assert seconds < (10 if how == "closed" else 2 + 2 / 5 + 8)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        worker.close()
-        sched.close()
-        ctx.term()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -484,25 +489,9 @@ def test_a_scheduler_at_another_address_than_announced_is_said_at_once(tmp_path)
     """DMLC_PS_ROOT_URI is 127.0.0.1 but the node list comes from 127.0.0.2 (what a ClusterIP Service in front of
     the scheduler looks like): the server exits 2 at once, naming KVSTORE_LAZY_CHECK_ADDRESS, instead of waiting
     for a node list that cannot get through."""
-    ctx = zmq.Context()
-    sched = FakeScheduler(ctx, source="127.0.0.2")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "KVSTORE_LAZY_"))}
-    env.update({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(sched.port),
-                "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "127.0.0.1",
-                "PYTHONPATH": str(ROOT)})
-    log = tmp_path / "server.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "kvstore_lazy.server"], env=env, stdout=fh,
-                                stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
-    try:
+    with fake_job(tmp_path, source="127.0.0.2") as (sched, _, proc, log):
         sched.register("127.0.0.1", free_port(), timeout=STARTUP)
         assert proc.wait(timeout=30) == 2
         text = log.read_text()
         assert "the scheduler's node list came from 127.0.0.2" in text and "KVSTORE_LAZY_CHECK_ADDRESS=0" in text
         assert "Traceback" not in text
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        sched.close()
-        ctx.term()
