@@ -18,18 +18,32 @@ This module owns two things:
 ``Optimizer.update`` works element by element. The server can call it on a
 whole dense array, or on the gathered rows of a row_sparse key, which gives
 MXNet's lazy_update semantics.
+
+Every field the server computes with is checked when the pickle is loaded
+(:func:`validate`, issue 11): a value that would make an update loop without
+end or fail later (a FactorScheduler ``step`` of 0, NaN or a string where a
+number goes, MultiFactor steps that do not increase, an update count of 2**60)
+refuses the whole optimizer with :class:`UnusableOptimizerError` naming the
+field. The rules are MXNet's own ``__init__`` checks where it has them (the
+pickle's state never went through ``__init__`` on the server), plus "finite"
+for every number.
 """
+from __future__ import annotations
+
 import copy
 import functools
 import io
 import math
 import pickle
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from kvstore_lazy.store import kernels
 
-__all__ = ['load_optimizer', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
+__all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
+           'UnusableOptimizerError',
            'SGD', 'NAG', 'Signum', 'Adam', 'AdaGrad', 'Ftrl', 'RMSProp', 'Test',
            'FactorScheduler', 'MultiFactorScheduler', 'PolyScheduler', 'CosineScheduler']
 
@@ -46,11 +60,20 @@ class UnsupportedOptimizerError(ValueError):
     """The pickle holds a genuine mxnet optimizer/scheduler class that is not implemented here."""
 
 
+class UnusableOptimizerError(ValueError):
+    """A supported optimizer or scheduler class whose fields the server cannot compute with (the message names the
+    field, its value and the rule)."""
+
+
+MAX_COUNT = 2 ** 53              # update counts and scheduler steps: integers float64 holds exactly
+MAX_SCHEDULER_STEPS = 10 ** 7    # loop iterations one FactorScheduler call may make (about a second)
+
+
 # --------------------------------------------------------------------------------------
 # How MXNet turns Python hyper-parameters into float32 kernel arguments.
 # --------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4096)
-def _dmlc_parse(text, ftype):
+def _dmlc_parse(text: str, ftype: type) -> Any:
     """dmlc::ParseFloat<ftype> (dmlc-core strtonum.h), step by step.
 
     It is not correctly rounded. About 14% of random values parse 1 ulp away
@@ -94,26 +117,26 @@ def _dmlc_parse(text, ftype):
     return -value if neg else value
 
 
-def _op_f32(value):
+def _op_f32(value: Any) -> np.float32:
     """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...)."""
     return _dmlc_parse(str(value), _f32)
 
 
-def _scalar_f32(value):
+def _scalar_f32(value: Any) -> np.float32:
     """The scalar of an NDArray-scalar op (``x * 0.5``): a parsed double cast to float32."""
     return _f32(_dmlc_parse(str(float(value)), float))
 
 
-def _tuple_f32(value):
+def _tuple_f32(value: Any) -> np.float32:
     """An element of a Tuple<float> field (multi_sgd lrs/wds): std::istream, i.e. strtof."""
     return _f32(float(value))
 
 
-def _clip(x, bound):
+def _clip(x: np.ndarray, bound: np.float32) -> np.ndarray:
     return np.clip(x, -bound, bound)
 
 
-def _sign(x):
+def _sign(x: np.ndarray) -> np.ndarray:
     return (x > 0).astype(_f32) - (x < 0).astype(_f32)
 
 
@@ -126,10 +149,10 @@ class _Scratch:
     """
     __slots__ = ('bufs',)
 
-    def __init__(self):
-        self.bufs = []
+    def __init__(self) -> None:
+        self.bufs: list[np.ndarray] = []
 
-    def get(self, shape, k):
+    def get(self, shape: tuple[int, ...], k: int) -> list[np.ndarray]:
         size = math.prod(shape)
         bufs, out = self.bufs, []
         for i in range(k):
@@ -140,23 +163,118 @@ class _Scratch:
             out.append(bufs[i][:size].reshape(shape))
         return out
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict) -> _Scratch:
         return _Scratch()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         return (_Scratch, ())
+
+
+# --------------------------------------------------------------------------------------
+# Field rules (validate): each returns None, or what the value must be.
+# --------------------------------------------------------------------------------------
+Rule = Callable[[Any], 'str | None']
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + '...'
+
+
+def _finite(value: Any) -> str | None:
+    if isinstance(value, (int, float)):
+        try:
+            if math.isfinite(value):
+                return None
+        except OverflowError:   # an int beyond float64
+            pass
+    return 'must be a finite number'
+
+
+def _between(low: float, high: float, high_open: bool = False) -> Rule:
+    def rule(value: Any) -> str | None:
+        if _finite(value) is None and low <= value and (value < high if high_open else value <= high):
+            return None
+        return f"must be a number in [{low:g}, {high:g}{')' if high_open else ']'}"
+    return rule
+
+
+def _count_from(low: int, high: int = MAX_COUNT) -> Rule:
+    def rule(value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value < high:
+            return None
+        return f'must be an integer in [{low}, {high if high != MAX_COUNT else "2**53"})'
+    return rule
+
+
+_count = _count_from(0)
+
+
+def _one_of(*choices: Any) -> Rule:
+    def rule(value: Any) -> str | None:
+        if any(type(value) is type(c) and value == c for c in choices):
+            return None
+        return f"must be one of {', '.join(map(repr, choices))}"
+    return rule
+
+
+def _optional(inner: Rule) -> Rule:
+    def rule(value: Any) -> str | None:
+        return None if value is None else inner(value)
+    return rule
+
+
+def _check(obj: object, name: str, rule: Rule) -> None:
+    value = getattr(obj, name, _MISSING)
+    why = 'is missing' if value is _MISSING else rule(value)
+    if why is not None:
+        shown = '' if value is _MISSING else f' = {_show(value)}'
+        raise UnusableOptimizerError(f'{type(obj).__name__}.{name}{shown}: {why}')
+
+
+def _check_mapping(obj: object, name: str, rule: Rule) -> None:
+    """A dict of parameter index (int) or name (str) -> value."""
+    mapping = getattr(obj, name, _MISSING)
+    if not isinstance(mapping, dict):
+        raise UnusableOptimizerError(f'{type(obj).__name__}.{name} = {_show(mapping)}: must be a dict')
+    for key, value in mapping.items():
+        why = None if isinstance(key, (int, str)) else 'keys must be parameter indices or names'
+        why = why or rule(value)
+        if why is not None:
+            raise UnusableOptimizerError(f'{type(obj).__name__}.{name}[{_show(key)}] = {_show(value)}: {why}')
+
+
+def _check_max_steps(scheduler: LRScheduler) -> None:
+    """PolyScheduler / CosineScheduler: max_update >= 1 and max_steps = max_update - warmup_steps >= 1 (it
+    divides)."""
+    _check(scheduler, 'max_update', _count_from(1))
+    _check(scheduler, 'max_steps', _count_from(1))
+    _check(scheduler, 'final_lr', _finite)
+    _check(scheduler, 'base_lr_orig', _finite)
+    if scheduler.max_steps != scheduler.max_update - scheduler.warmup_steps:
+        raise UnusableOptimizerError(f'{type(scheduler).__name__}.max_steps = {scheduler.max_steps}: must be '
+                                     f'max_update - warmup_steps = {scheduler.max_update - scheduler.warmup_steps}')
 
 
 # --------------------------------------------------------------------------------------
 # lr schedulers: the __call__ logic of mxnet/lr_scheduler.py (they are stateful).
 # --------------------------------------------------------------------------------------
 class LRScheduler:
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict) -> None:
         if not isinstance(state, dict):
             raise UnsafePickleError('lr_scheduler state is not a dict')
         self.__dict__.update(state)
 
-    def get_warmup_lr(self, num_update):
+    def validate(self) -> None:
+        """LRScheduler.__init__'s rules for the warm-up fields (UnusableOptimizerError)."""
+        _check(self, 'base_lr', _finite)
+        _check(self, 'warmup_steps', _count)
+        _check(self, 'warmup_begin_lr', _finite)
+        _check(self, 'warmup_final_lr', _finite)
+        _check(self, 'warmup_mode', _one_of('linear', 'constant'))
+
+    def get_warmup_lr(self, num_update: int) -> float:
         if self.warmup_mode == 'linear':
             increase = (self.warmup_final_lr - self.warmup_begin_lr) \
                 * float(num_update) / float(self.warmup_steps)
@@ -165,9 +283,20 @@ class LRScheduler:
 
 
 class FactorScheduler(LRScheduler):
-    def __call__(self, num_update):
+    def validate(self) -> None:
+        super().validate()
+        _check(self, 'step', _count_from(1))              # FactorScheduler.__init__: step >= 1
+        _check(self, 'factor', _between(0.0, 1.0))       # ... and factor <= 1
+        _check(self, 'stop_factor_lr', _finite)
+        _check(self, 'count', _count)
+
+    def __call__(self, num_update: int) -> float:
         if num_update < self.warmup_steps:
             return self.get_warmup_lr(num_update)
+        steps = -(-(num_update - self.count) // self.step) - 1    # iterations of the loop below
+        if steps > MAX_SCHEDULER_STEPS:
+            raise UnusableOptimizerError(f'FactorScheduler: update {num_update} is {steps} steps of {self.step} '
+                                         f'past count {self.count} (more than {MAX_SCHEDULER_STEPS})')
         while num_update > self.count + self.step:
             self.count += self.step
             self.base_lr *= self.factor
@@ -177,10 +306,21 @@ class FactorScheduler(LRScheduler):
 
 
 class MultiFactorScheduler(LRScheduler):
-    def __call__(self, num_update):
+    def validate(self) -> None:
+        super().validate()
+        steps = getattr(self, 'step', None)
+        if not isinstance(steps, list) or not steps or not all(_count_from(1)(s) is None for s in steps) \
+                or any(b <= a for a, b in zip(steps, steps[1:])):
+            raise UnusableOptimizerError(f'MultiFactorScheduler.step = {_show(steps)}: must be a non-empty list of '
+                                         f'increasing integers >= 1 (MultiFactorScheduler.__init__)')
+        _check(self, 'factor', _between(0.0, 1.0))
+        _check(self, 'cur_step_ind', _count_from(0, len(steps) + 1))
+        _check(self, 'count', _count)
+
+    def __call__(self, num_update: int) -> float:
         if num_update < self.warmup_steps:
             return self.get_warmup_lr(num_update)
-        while self.cur_step_ind <= len(self.step) - 1:
+        while self.cur_step_ind <= len(self.step) - 1:   # at most len(step) iterations
             if num_update > self.step[self.cur_step_ind]:
                 self.count = self.step[self.cur_step_ind]
                 self.cur_step_ind += 1
@@ -191,7 +331,12 @@ class MultiFactorScheduler(LRScheduler):
 
 
 class PolyScheduler(LRScheduler):
-    def __call__(self, num_update):
+    def validate(self) -> None:
+        super().validate()
+        _check_max_steps(self)
+        _check(self, 'power', _between(0.0, math.inf))    # pow(0, negative) divides by zero at max_update
+
+    def __call__(self, num_update: int) -> float:
         if num_update < self.warmup_steps:
             return self.get_warmup_lr(num_update)
         if num_update <= self.max_update:
@@ -201,7 +346,11 @@ class PolyScheduler(LRScheduler):
 
 
 class CosineScheduler(LRScheduler):
-    def __call__(self, num_update):
+    def validate(self) -> None:
+        super().validate()
+        _check_max_steps(self)
+
+    def __call__(self, num_update: int) -> float:
         if num_update < self.warmup_steps:
             return self.get_warmup_lr(num_update)
         if num_update <= self.max_update:
@@ -213,6 +362,13 @@ class CosineScheduler(LRScheduler):
 # --------------------------------------------------------------------------------------
 # Optimizers. Instances are only created by unpickling; the state is mxnet's __dict__.
 # --------------------------------------------------------------------------------------
+_BASE_RULES: dict[str, Rule] = {
+    'rescale_grad': _finite, 'wd': _finite, 'clip_gradient': _optional(_finite),
+    'begin_num_update': _count, 'num_update': _count,
+}
+_MOMENTUM: dict[str, Rule] = {'momentum': _finite}
+
+
 class Optimizer:
     """The base class. Subclasses implement num_states() and _step()."""
     name = 'optimizer'
@@ -220,7 +376,9 @@ class Optimizer:
                  'begin_num_update', 'num_update', '_all_index_update_counts', 'clip_gradient')
     _extra = ()   # the attributes each subclass's __init__ sets
 
-    def __setstate__(self, state):
+    _rules: dict[str, Rule] = {}   # each subclass's own fields (validate)
+
+    def __setstate__(self, state: dict) -> None:
         if not isinstance(state, dict):
             raise UnsafePickleError('optimizer state is not a dict')
         missing = [k for k in self._required + self._extra if k not in state]
@@ -232,14 +390,60 @@ class Optimizer:
         # mxnet's Updater calls _set_current_context(weight.context.device_id); the server is cpu(0)
         self._index_update_count = self._all_index_update_counts.setdefault(0, {})
 
+    def validate(self) -> None:
+        """Refuse (UnusableOptimizerError) any field the updates compute with that could make them fail or loop:
+        hyper-parameters must be finite numbers (and in range where MXNet's kernels need it), counts integers in
+        [0, 2**53), the multiplier tables dicts of numbers, the scheduler one of the supported ones."""
+        for name, rule in {**_BASE_RULES, **self._rules}.items():
+            _check(self, name, rule)
+        # Optimizer.__init__ leaves lr None when a scheduler gives it
+        _check(self, 'lr', _finite if getattr(self, 'lr_scheduler', None) is None else _optional(_finite))
+        _check_mapping(self, 'lr_mult', _finite)
+        _check_mapping(self, 'wd_mult', _finite)
+        _check_mapping(self, 'idx2name', lambda v: None if isinstance(v, str) else 'must be a parameter name')
+        _check_mapping(self, '_all_index_update_counts',
+                       lambda v: None if isinstance(v, dict) else 'must be a dict of update counts')
+        for device, counts in self._all_index_update_counts.items():
+            for key, count in counts.items():
+                why = None if isinstance(key, (int, str)) else 'keys must be parameter indices or names'
+                why = why or _count(count)
+                if why is not None:
+                    raise UnusableOptimizerError(f'{type(self).__name__}._all_index_update_counts[{_show(device)}]'
+                                                 f'[{_show(key)}] = {_show(count)}: {why}')
+        scheduler = self.lr_scheduler
+        if scheduler is not None:
+            if not isinstance(scheduler, LRScheduler):
+                raise UnusableOptimizerError(f'{type(self).__name__}.lr_scheduler = {_show(scheduler)}: must be '
+                                             f'None or an mxnet.lr_scheduler scheduler')
+            scheduler.validate()
+            # the first update asks it about the largest count so far: it must answer in bounded time
+            counts = [c for per_device in self._all_index_update_counts.values() for c in per_device.values()]
+            copy.deepcopy(scheduler)(max([self.num_update, self.begin_num_update] + counts) + 1)
+
+    def restore_count(self, key: int, count: int, num_update: int) -> None:
+        """LAZY_SET_COUNTS: the update count of `key` (if > 0) and num_update (if larger) as a checkpoint had them.
+        UnusableOptimizerError, changing nothing, for counts outside [0, 2**53) or one that would make the lr
+        scheduler's next call loop too long (a FactorScheduler steps from its count up to num_update)."""
+        for name, value in (('count', count), ('num_update', num_update)):
+            why = _count(value)
+            if why is not None:
+                raise UnusableOptimizerError(f'update counts of key {key}: {name} = {_show(value)} {why}')
+        new_num_update = max(int(self.num_update), num_update)
+        if self.lr_scheduler is not None:   # what the next update of the key will ask it
+            copy.deepcopy(self.lr_scheduler)(max(new_num_update, count + 1))
+        if count > 0:
+            self._index_update_count[key] = count
+        self.num_update = new_num_update
+
     # -- the interface the server uses --
-    def num_states(self):
+    def num_states(self) -> int:
         return 0
 
-    def init_states(self, weight):
+    def init_states(self, weight: np.ndarray) -> list[np.ndarray]:
         return [np.zeros(weight.shape, dtype=np.float32) for _ in range(self.num_states())]
 
-    def update_rows(self, key, weight, states, slots, grad):
+    def update_rows(self, key: int, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray,
+                    grad: np.ndarray) -> bool:
         """Update rows ``slots`` of ``weight`` and ``states`` (whole row tables) in place with the gradient rows
         ``grad`` (one per slot), as :meth:`update` would on the gathered rows with ``row_sparse=True``.
 
@@ -248,7 +452,8 @@ class Optimizer:
         """
         return False
 
-    def update(self, key, weight, grad, states, *, row_sparse=False):
+    def update(self, key: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray], *,
+               row_sparse: bool = False) -> None:
         """Apply one optimizer step to `weight` and `states`, in place.
 
         Set `row_sparse=True` when `weight`/`grad`/`states` are the gathered rows of a
@@ -275,13 +480,13 @@ class Optimizer:
         self._index_update_count[key] = int(count)
 
     # -- mxnet.optimizer.Optimizer bookkeeping --
-    def _update_count(self, index):
+    def _update_count(self, index: int) -> None:
         if index not in self._index_update_count:
             self._index_update_count[index] = self.begin_num_update
         self._index_update_count[index] += 1
         self.num_update = max(self._index_update_count[index], self.num_update)
 
-    def _get_lr(self, index):
+    def _get_lr(self, index: int) -> float:
         lr = self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
         if index in self.lr_mult:
             lr *= self.lr_mult[index]
@@ -289,7 +494,7 @@ class Optimizer:
             lr *= self.lr_mult.get(self.idx2name[index], 1.0)
         return lr
 
-    def _get_wd(self, index):
+    def _get_wd(self, index: int) -> float:
         wd = self.wd
         if index in self.wd_mult:
             wd *= self.wd_mult[index]
@@ -297,7 +502,8 @@ class Optimizer:
             wd *= self.wd_mult.get(self.idx2name[index], 1.0)
         return wd
 
-    def _buffers(self, weight, grad, states, k):
+    def _buffers(self, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+                 k: int) -> list[np.ndarray] | None:
         """k scratch buffers shaped like `weight` for the in-place path, or None.
 
         The in-place path runs only when grad and every state are float32 and shaped like the
@@ -312,18 +518,19 @@ class Optimizer:
                 return None
         return self._scratch.get(shape, k)
 
-    def _clip_param(self):
+    def _clip_param(self) -> np.float32:
         """The clip_gradient kernel argument (-1 = off; mxnet passes it only when truthy)."""
         return _op_f32(self.clip_gradient) if self.clip_gradient else _NO_CLIP
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         raise NotImplementedError
 
 
 _ROW0 = np.zeros(1, np.int64)
 
 
-def _as_one_row(weight, grad, states):
+def _as_one_row(weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray]) -> tuple | None:
     """``(weight, states, slots, grad)`` as one-row 2-D views for the compiled kernels (``slots`` = row 0), or None
     when the kernels can't take them (e.g. float16: the numpy path keeps its dtype promotion). Only C-contiguous
     arrays are reshaped: a reshaped copy would be updated instead of the array."""
@@ -334,14 +541,15 @@ def _as_one_row(weight, grad, states):
     return (w, s, _ROW0, g) if kernels.accepts(w, s, _ROW0, g) else None
 
 
-def _sgd_step_term(lr, rescale, clip, grad):
+def _sgd_step_term(lr: np.float32, rescale: np.float32, clip: np.float32, grad: np.ndarray) -> np.ndarray:
     """The `lr * clip(rescale * grad)` term shared by the SGD-family kernels."""
     if clip >= 0:
         return lr * _clip(rescale * grad, clip)
     return (lr * rescale) * grad
 
 
-def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
+def _sgd_kernel(weight: np.ndarray, grad: np.ndarray, lr: np.float32, wd: np.float32, rescale: np.float32,
+                clip: np.float32) -> None:
     """sgd_update (SGDKernel / SGDDnsRspKernel)."""
     weight[...] = (_ONE - lr * wd) * weight - _sgd_step_term(lr, rescale, clip, grad)
 
@@ -349,11 +557,12 @@ def _sgd_kernel(weight, grad, lr, wd, rescale, clip):
 class SGD(Optimizer):
     name = 'sgd'
     _extra = ('momentum',)
+    _rules = _MOMENTUM
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 1 if self.momentum != 0.0 else 0
 
-    def _scalars(self, index, row_sparse):
+    def _scalars(self, index: int, row_sparse: bool) -> tuple:
         """Count the update; the float32 kernel arguments (lr, wd, rescale, clip, momentum)."""
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
@@ -363,14 +572,16 @@ class SGD(Optimizer):
         momentum = _op_f32(self.momentum) if self.momentum > 0 else _f32(0)
         return to_f32(lr), to_f32(wd), _op_f32(self.rescale_grad), self._clip_param(), momentum
 
-    def update_rows(self, key, weight, states, slots, grad):
+    def update_rows(self, key: int, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray,
+                    grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
         self._kernel(self._scalars(key, True), weight, states, slots, grad, True)
         return True
 
     @staticmethod
-    def _kernel(scalars, weight, states, slots, grad, row_sparse):
+    def _kernel(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray, grad: np.ndarray,
+                row_sparse: bool) -> None:
         lr, wd, rescale, clip, momentum = scalars
         if not states and row_sparse:
             kernels.sgd_rows(weight, slots, grad, lr, wd, rescale, clip)
@@ -378,7 +589,8 @@ class SGD(Optimizer):
             kernels.sgd_mom_rows(weight, states[0] if states else weight, slots, grad, lr, wd, rescale, clip,
                                  momentum, bool(states))
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         scalars = self._scalars(index, row_sparse)
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
@@ -398,11 +610,13 @@ class SGD(Optimizer):
 class NAG(Optimizer):
     name = 'nag'
     _extra = ('momentum',)
+    _rules = _MOMENTUM
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 1 if self.momentum != 0.0 else 0
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         self._update_count(index)
         lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
         rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
@@ -421,11 +635,13 @@ class NAG(Optimizer):
 class Signum(Optimizer):
     name = 'signum'
     _extra = ('momentum', 'wd_lh')
+    _rules = {'momentum': _finite, 'wd_lh': _finite}
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 1 if self.momentum != 0.0 else 0
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         self._update_count(index)
         lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
         rescale, clip = _op_f32(self.rescale_grad), self._clip_param()
@@ -447,11 +663,13 @@ class Signum(Optimizer):
 class Adam(Optimizer):
     name = 'adam'
     _extra = ('beta1', 'beta2', 'epsilon')
+    # the bias correction divides by 1 - beta1**t and takes sqrt(1 - beta2**t)
+    _rules = {'beta1': _between(0.0, 1.0, high_open=True), 'beta2': _between(0.0, 1.0), 'epsilon': _finite}
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 2
 
-    def _scalars(self, index):
+    def _scalars(self, index: int) -> tuple:
         """Count the update; the float32 kernel arguments (lr, wd, beta1, beta2, epsilon, rescale, clip)."""
         self._update_count(index)
         lr, wd = self._get_lr(index), _op_f32(self._get_wd(index))
@@ -460,20 +678,23 @@ class Adam(Optimizer):
         return (lr, wd, _op_f32(self.beta1), _op_f32(self.beta2), _op_f32(self.epsilon), _op_f32(self.rescale_grad),
                 self._clip_param())
 
-    def update_rows(self, key, weight, states, slots, grad):
+    def update_rows(self, key: int, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray,
+                    grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
         self._kernel(self._scalars(key), weight, states, slots, grad, True)
         return True
 
     @staticmethod
-    def _kernel(scalars, weight, states, slots, grad, row_sparse):
+    def _kernel(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray, grad: np.ndarray,
+                row_sparse: bool) -> None:
         lr, wd, beta1, beta2, eps, rescale, clip = scalars
         # AdamDnsRspDnsKernel<cpu> squares the clipped gradient first
         kernels.adam_rows(weight, states[0], states[1], slots, grad, lr, wd, beta1, beta2, eps, rescale, clip,
                           clip >= 0 and row_sparse)
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         scalars = self._scalars(index)
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
@@ -495,11 +716,13 @@ class Adam(Optimizer):
 class AdaGrad(Optimizer):
     name = 'adagrad'
     _extra = ('float_stable_eps',)
+    _rules = {'float_stable_eps': _finite}
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 1
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         history = states[0]
@@ -550,11 +773,14 @@ class AdaGrad(Optimizer):
 class RMSProp(Optimizer):
     name = 'rmsprop'
     _extra = ('gamma1', 'gamma2', 'epsilon', 'centered', 'clip_weights')
+    _rules = {'gamma1': _finite, 'gamma2': _finite, 'epsilon': _finite, 'centered': _one_of(False, True, 0, 1),
+              'clip_weights': _optional(_finite)}
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 3 if self.centered else 1
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         self._update_count(index)
         lr, wd = _op_f32(self._get_lr(index)), _op_f32(self._get_wd(index))
         gamma1, eps = _op_f32(self.gamma1), _op_f32(self.epsilon)
@@ -580,11 +806,13 @@ class RMSProp(Optimizer):
 class Ftrl(Optimizer):
     name = 'ftrl'
     _extra = ('lamda1', 'beta')
+    _rules = {'lamda1': _finite, 'beta': _finite}
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 2
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         self._update_count(index)
         wd, lr = _op_f32(self._get_wd(index)), _op_f32(self._get_lr(index))
         lamda1, beta = _op_f32(self.lamda1), _op_f32(self.beta)
@@ -634,10 +862,11 @@ class Test(Optimizer):
     """mxnet's Test optimizer: weight += grad * rescale_grad; state = weight. It keeps no update count."""
     name = 'test'
 
-    def num_states(self):
+    def num_states(self) -> int:
         return 1
 
-    def _step(self, index, weight, grad, states, row_sparse):
+    def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+              row_sparse: bool) -> None:
         weight += grad * _scalar_f32(self.rescale_grad)
         states[0][...] = weight
 
@@ -660,7 +889,7 @@ _KNOWN_UNSUPPORTED = {
 }
 
 
-def _reconstruct(cls, base, state):
+def _reconstruct(cls: type, base: type, state: Any) -> object:
     """A safe stand-in for copyreg._reconstructor, for the form protocol 0 emits for plain classes."""
     if cls not in _CLASSES.values() or base is not object or state is not None:
         raise UnsafePickleError('unexpected copy_reg._reconstructor arguments')
@@ -676,7 +905,7 @@ _GLOBALS = {
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         key = (module, name)
         if key in _GLOBALS:
             return _GLOBALS[key]
@@ -686,12 +915,13 @@ class _RestrictedUnpickler(pickle.Unpickler):
             raise UnsupportedOptimizerError(f'unsupported mxnet optimizer class {module}.{name}')
         raise UnsafePickleError(f'refusing to unpickle global {module}.{name}')
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError('persistent ids are not allowed')
 
 
-def load_optimizer(body):
-    """Rebuild the optimizer from the body of the kController command, `pickle.dumps(opt, 0)`."""
+def load_optimizer(body: bytes | str) -> Optimizer:
+    """Rebuild the optimizer from the body of the kController command, `pickle.dumps(opt, 0)`, and validate every
+    field the server computes with (UnusableOptimizerError)."""
     if isinstance(body, str):
         body = body.encode('latin-1')
     try:
@@ -702,6 +932,7 @@ def load_optimizer(body):
         raise UnsafePickleError(f'malformed optimizer pickle: {exc!r}') from exc
     if not isinstance(obj, Optimizer):
         raise UnsafePickleError(f'pickle holds {type(obj).__name__}, not an mxnet optimizer')
+    validate(obj)
     return obj
 
 
@@ -717,3 +948,11 @@ def check_runs(optimizer: Optimizer) -> None:
                              row_sparse=row_sparse)
         except Exception as exc:
             raise ValueError(f"optimizer {optimizer.name} cannot run: {exc!r}") from None
+
+
+def validate(optimizer: Optimizer) -> None:
+    """Optimizer.validate, with the refusal said as such (UnusableOptimizerError)."""
+    try:
+        optimizer.validate()
+    except UnusableOptimizerError as exc:
+        raise UnusableOptimizerError(f'optimizer {optimizer.name} refused: {exc}') from None

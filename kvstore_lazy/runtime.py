@@ -28,6 +28,12 @@ Durability and recovery (KVSTORE_LAZY_SNAPSHOT_DIR, KVSTORE_LAZY_JOURNAL, KVSTOR
   re-sent and the job hangs. The scheduler also keeps its list of recovered nodes forever, so a second recovery
   would fail its CHECK_EQ(size, 1).
 
+Who may send what (issue 11): every received message passes ``trust.Gate`` in ``_recv`` before anything reads it
+(strict identities, the scheduler's validated node list, announced source addresses, per-role permissions); the
+scheduler's DEALER is watched (``ZmqVan.watch``) and heartbeated, and a lost scheduler ends the process with one
+error line and status 3 (``SchedulerLost``) in every phase. Sends never block (``ZmqVan`` queues, and drops a peer
+that stops reading).
+
 Stock ps-lite races under PS_RESEND that this server works around (see start and stop): the scheduler creates its
 resender up to 100 ms after answering the registrations, so BARRIER requests that arrive first are counted, never
 ACKed, resent and counted again; the extra counts release the final barrier before every node asked.
@@ -50,14 +56,15 @@ from . import membership
 from . import checkpoint
 from . import node_lifecycle as lifecycle
 from . import journal as journal_mod
+from . import trust
 from .envvars import atoi_flag, flag
 from .protocol import ProtocolError
 from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
-from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, WORKER, Meta
+from .protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
 from .server.core import KVServer, node_name
 from .server.resume import ResumeGate
-from .transport.zmq_van import BindError, ZmqVan
+from .transport.zmq_van import QUEUE_BYTES, QUEUE_MESSAGES, BindError, ConnectError, ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
 
@@ -65,6 +72,7 @@ TAGGED_DIR = checkpoint.TAGGED_DIR   # <snapshot dir>/tagged/rank<r>: the last s
 SEEN_KEEP = 200_000             # signatures of received requests remembered for duplicate detection (PS_RESEND)
 SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
+SCHEDULER_GRACE = 1.0           # s a closed connection to the scheduler may stay down before this server exits
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
 # s a server waits for the final barrier's release (it comes within moments of the last node asking). The scheduler
 # can lose it: its socket to a server re-created at a new IP may still be trying the old one when it exits. The
@@ -76,6 +84,10 @@ DRAIN_MAX = 64                  # queued messages served per loop iteration befo
 
 class StartupError(RuntimeError):
     pass
+
+
+class SchedulerLost(RuntimeError):
+    """The scheduler is gone (its connection closed, or it stopped answering heartbeats): the job cannot go on."""
 
 
 _node_label = "server ?"
@@ -157,6 +169,12 @@ class Config:
     bind: str = ""                  # KVSTORE_LAZY_BIND: the address bound ("" = the advertised host, as ps-lite)
     rejoin_window: float = 30.0     # recovery "auto": rejoin only a job its previous process left this recently
     snapshot_scope: str = "job"     # KVSTORE_LAZY_SNAPSHOT_SCOPE: job (a directory all servers share) | server
+    # who may send what (issue 11, kvstore_lazy.trust)
+    allow: tuple = ()                 # KVSTORE_LAZY_ALLOW networks (empty: any)
+    check_address: bool = True        # KVSTORE_LAZY_CHECK_ADDRESS: a node's messages come from its announced address
+    scheduler_timeout: float = 30.0   # KVSTORE_LAZY_SCHEDULER_TIMEOUT: exit when the scheduler is silent this long
+    queue_messages: int = QUEUE_MESSAGES   # KVSTORE_LAZY_PEER_QUEUE: per-peer unsent messages before it is dropped
+    queue_bytes: int = QUEUE_BYTES         # KVSTORE_LAZY_PEER_QUEUE_MB, the same in bytes
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -211,12 +229,38 @@ class Config:
         if config.recovery == "auto" and not config.resend:
             raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
                                "re-send what died with a server)")
+        config._trust_from_env(env)
         if (config.journal or config.recovery) and not config.snapshot_dir:
             raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
         if config.recovery and not config.journal:
             raise StartupError("KVSTORE_LAZY_RECOVERY needs KVSTORE_LAZY_JOURNAL=1 (the journal is what a restarted "
                                "server replays); restart the whole job from a snapshot instead")
         return config
+
+    def _trust_from_env(self, env) -> None:
+        try:
+            self.allow = trust.parse_allow(env.get("KVSTORE_LAZY_ALLOW", ""))
+        except trust.TrustError as exc:
+            raise StartupError(str(exc)) from None
+        self.check_address = env.get("KVSTORE_LAZY_CHECK_ADDRESS", "1").strip().lower() not in ("0", "false", "no",
+                                                                                               "off")
+        self.scheduler_timeout = _env_float(env, "KVSTORE_LAZY_SCHEDULER_TIMEOUT", 30.0)
+        self.queue_messages = _env_int(env, "KVSTORE_LAZY_PEER_QUEUE", QUEUE_MESSAGES)
+        self.queue_bytes = _env_int(env, "KVSTORE_LAZY_PEER_QUEUE_MB", QUEUE_BYTES >> 20) << 20
+        if self.queue_messages < 1 or self.queue_bytes < 1:
+            raise StartupError("KVSTORE_LAZY_PEER_QUEUE and KVSTORE_LAZY_PEER_QUEUE_MB must be at least 1")
+
+
+def _env_float(env, name: str, default: float) -> float:
+    """A non-negative finite number of seconds."""
+    value = env.get(name, "")
+    try:
+        number = float(value) if value.strip() else default
+    except ValueError:
+        raise StartupError(f"{name}={value!r} is not a number") from None
+    if not 0 <= number < float("inf"):
+        raise StartupError(f"{name}={value!r} must be a finite number >= 0")
+    return number
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,7 +332,13 @@ class ServerNode:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.van = ZmqVan(local=config.local, water_mark=config.water_mark)
+        self.van = ZmqVan(local=config.local, water_mark=config.water_mark, queue_messages=config.queue_messages,
+                          queue_bytes=config.queue_bytes)
+        self.trust_gate = trust.Gate(allow=config.allow, check_address=config.check_address, resolve=_resolve)
+        self.roster: membership.Roster | None = None
+        self._refusals = trust.LogLimiter()
+        self._heartbeat_every = 0.0
+        self._asked_scheduler = None        # monotonic time of the first heartbeat the scheduler has not answered
         self.my_id: int | None = None
         self.port = 0
         self.server: KVServer | None = None
@@ -326,6 +376,12 @@ class ServerNode:
                 raise StartupError(f"cannot start: {exc}") from exc
             self.serve()
             self.stop()
+        except StartupError as exc:
+            log.error("%s", exc)
+            return 2
+        except SchedulerLost as exc:
+            log.error("%s; exiting", exc)
+            return 3
         finally:
             if self.journal is not None:
                 self.journal.close()
@@ -341,8 +397,10 @@ class ServerNode:
                  " as a recovered node" if cfg.recovery == "register" else "")
         if cfg.recovery == "register":
             self.timestamp = _rejoin_timestamp()
+        self._expect_scheduler()
         # The first socket to the scheduler has no identity: that is how it recognises a new registration.
-        self.van.connect(membership.SCHEDULER_ID, cfg.root_uri, cfg.root_port, identity=None)
+        self._connect(membership.Peer(membership.SCHEDULER_ID, membership.SCHEDULER, cfg.root_uri, cfg.root_port),
+                      identity=None)
         request = membership.add_node_request(cfg.host, self.port, self._tick(), cfg.recovery == "register")
         self._send_control(membership.SCHEDULER_ID, request)
         deadline = time.monotonic() + timeout
@@ -360,13 +418,18 @@ class ServerNode:
             msg = self._recv(1000)
             if msg is not None and msg.meta.control.cmd == ADD_NODE:
                 reply = msg
-        self.my_id, peers = membership.find_self(reply.meta, cfg.host, self.port)
+            self._check_scheduler(time.monotonic())
+        try:
+            roster = membership.Roster.from_reply(reply.meta, cfg.num_servers, cfg.num_workers)
+            self.my_id, peers = membership.find_self(reply.meta, cfg.host, self.port)
+        except ValueError as exc:
+            raise StartupError(f"cannot join the job: {exc}") from None
         recovered = any(n.id == self.my_id and n.is_recovery for n in reply.meta.control.nodes)
         rank = membership.id_to_rank(self.my_id)
         _set_label(rank)
-        for peer in peers:
-            self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
+        self._set_roster(roster)
         self._peers = peers
+        self._connect_peers()
         self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
         log.info("registered as server rank %d (node %d) of %d servers, %d workers%s", rank, self.my_id,
                  cfg.num_servers, cfg.num_workers, " (recovered node)" if recovered else "")
@@ -410,6 +473,8 @@ class ServerNode:
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
         self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
         self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
+        self._expect_scheduler()
+        self._set_roster(membership.Roster({peer.node_id: peer for peer in self._peers}))
         self._restore_and_replay(started=started)
         if not lifecycle.is_ip_address(record["host"]):
             self._announce_address()
@@ -464,8 +529,12 @@ class ServerNode:
 
     def _start_timers(self) -> None:
         now = time.monotonic()
-        if self.config.heartbeat_interval > 0:
-            self._next_heartbeat = now + self.config.heartbeat_interval
+        # heartbeats as PS_HEARTBEAT_INTERVAL asks, and at least 5 per KVSTORE_LAZY_SCHEDULER_TIMEOUT: the stock
+        # scheduler answers each one (Van::ProcessHearbeat), which is how a hung scheduler is noticed
+        every = [t for t in (self.config.heartbeat_interval, self.config.scheduler_timeout / 5) if t > 0]
+        self._heartbeat_every = min(every) if every else 0.0
+        if self._heartbeat_every > 0:
+            self._next_heartbeat = now + self._heartbeat_every
         self._next_stats = now + self.config.stats_interval
         if self.config.snapshot_dir and self.config.snapshot_interval > 0:
             self._next_snapshot = now + self.config.snapshot_interval
@@ -640,8 +709,7 @@ class ServerNode:
         finally:
             self._replaying = False
         self.journal = journal_mod.Journal.reopen(path, contents, fsync=self.config.journal_fsync)
-        for peer in self._peers:
-            self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
+        self._connect_peers()
         resent = 0
         for sig, (recver, reply) in owed.items():
             if sig not in contents.acked:
@@ -724,7 +792,10 @@ class ServerNode:
         if now >= self._next_heartbeat and self.my_id is not None:
             self._send_control(membership.SCHEDULER_ID,
                                membership.heartbeat(self.my_id, self.config.host, self.port, self._tick()))
-            self._next_heartbeat = now + self.config.heartbeat_interval
+            self._next_heartbeat = now + self._heartbeat_every
+            if self._asked_scheduler is None:
+                self._asked_scheduler = now
+        self._check_scheduler(now)
         if now >= self._next_resend_check:
             self._resend(now)
             self._next_resend_check = now + max(self.config.resend_timeout / 2, 0.05)
@@ -790,6 +861,8 @@ class ServerNode:
             return None
         if self.journal is not None:
             msg.frames = frames[1:]   # as received: what the journal keeps
+        if not self._admit(msg, self.van.last_peer):
+            return None
         if self.config.verbose >= 2:
             log.info("recv from %s: %s (%d data frames)", node_name(msg.sender), msg.meta, len(msg.data))
         return msg
@@ -835,21 +908,131 @@ class ServerNode:
         return replies
 
     def _control(self, msg: Message) -> None:
+        # trust.Gate admitted it: BARRIER releases, ADD_NODE and HEARTBEAT replies come from the scheduler only
         cmd = msg.meta.control.cmd
-        if (cmd == ADD_NODE or membership.is_barrier_release(msg.meta)) and msg.sender != membership.SCHEDULER_ID:
-            # only the scheduler sends these; from anyone else they could re-point our replies or end a barrier
-            log.error("ignoring control command %d from %s: only the scheduler sends it", cmd, node_name(msg.sender))
-            return
         if membership.is_barrier_release(msg.meta):
             self._barrier_released = True
         elif cmd == ADD_NODE and self.my_id is not None:
-            # The scheduler announces a recovered node: reconnect to it under its (reused) id.
-            for peer in membership.peers_update(msg.meta, self.my_id):
-                if peer.node_id != self.my_id and peer.node_id != membership.SCHEDULER_ID:
-                    self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
-                    log.info("reconnected to %s at %s:%d", node_name(peer.node_id), peer.hostname, peer.port)
-        elif cmd in (HEARTBEAT, TERMINATE):
-            pass
+            self._announced(msg)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # who may send what (issue 11): trust.Gate decides, these wire it to the sockets and the log
+
+    def _expect_scheduler(self) -> None:
+        cfg = self.config
+        self.trust_gate.local = _local_addresses()
+        try:
+            own = _resolve(cfg.host)
+        except OSError:
+            own = set()
+        self.trust_gate.own = frozenset(ip for ip in map(trust.ip_of, own) if ip is not None)
+        reason = self.trust_gate.expect_scheduler(cfg.root_uri)
+        if reason is not None:
+            raise StartupError(f"the scheduler at {cfg.root_uri}:{cfg.root_port} cannot be trusted: {reason}")
+
+    def _set_roster(self, roster: membership.Roster) -> None:
+        assert self.my_id is not None
+        self.roster = roster
+        for node_id, reason in self.trust_gate.set_roster(roster, self.my_id).items():
+            if node_id == membership.SCHEDULER_ID:
+                raise StartupError(f"the scheduler ({roster.nodes[node_id]}) cannot be trusted: {reason}")
+            log.error("%s will not be served: %s", roster.nodes[node_id], reason)
+
+    def _connect(self, peer: membership.Peer, identity: bytes | None) -> None:
+        """Open the DEALER to an announced (validated) peer; the scheduler's is watched (a dead scheduler)."""
+        try:
+            self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity,
+                             watch=peer.node_id == membership.SCHEDULER_ID)
+        except ConnectError as exc:
+            raise StartupError(str(exc)) from None
+
+    def _connect_peers(self) -> None:
+        assert self.my_id is not None
+        for peer in self._peers:
+            if peer.node_id not in self.trust_gate.refused_nodes:
+                self._connect(peer, identity_of(self.my_id))
+
+    def _announced(self, msg: Message) -> None:
+        """A later ADD_NODE from the scheduler announces a recovered node: reconnect to it under its (reused) id."""
+        assert self.roster is not None and self.my_id is not None
+        try:
+            workers = self.roster.update(msg.meta)
+        except membership.MembershipError as exc:
+            log.error("ignoring an ADD_NODE from the scheduler: %s", exc)
+            return
+        for peer in workers:
+            reason = self.trust_gate.update_node(peer.node_id, peer.hostname)
+            if reason is not None:
+                self.van.disconnect(peer.node_id)
+                log.error("%s will not be served: %s", peer, reason)
+                continue
+            try:
+                self._connect(peer, identity_of(self.my_id))
+            except StartupError as exc:
+                log.error("%s", exc)
+                continue
+            log.info("reconnected to %s at %s:%d", node_name(peer.node_id), peer.hostname, peer.port)
+
+    def _admit(self, msg: Message, peer: str | None) -> bool:
+        """trust.Gate's verdict on a received message; a refused one is logged (rate-limited) and dropped."""
+        dropped = self.van.dropped.get(msg.sender)
+        if dropped:
+            reason = f"this server dropped it ({dropped})"
+        else:
+            reason = self.trust_gate.refusal(msg.sender, peer, msg.meta)
+        if reason is None:
+            if msg.sender == membership.SCHEDULER_ID:
+                self._asked_scheduler = None
+            return True
+        if self.roster is None and msg.sender == membership.SCHEDULER_ID and msg.meta.control.cmd == ADD_NODE \
+                and reason.startswith("it comes from"):
+            # The scheduler's node list from another address than DMLC_PS_ROOT_URI: a Service (ClusterIP) or NAT in
+            # between, most likely. Only the first connection as ps1 gets through ZeroMQ, so waiting cannot help.
+            raise StartupError(f"the scheduler's node list came from {peer}, but DMLC_PS_ROOT_URI="
+                               f"{self.config.root_uri} is not that address (behind a Service address or NAT? then "
+                               f"set KVSTORE_LAZY_CHECK_ADDRESS=0, or point DMLC_PS_ROOT_URI at the scheduler itself)")
+        suffix = self._refusals.admit((msg.sender, peer, reason))
+        if suffix is not None:
+            who = node_name(msg.sender) if msg.sender == EMPTY or (
+                self.roster is not None and msg.sender in self.roster.nodes) else f"node {msg.sender}"
+            log.error("ignoring %s from %s%s: %s%s", trust.what(msg.meta), who, f" at {peer}" if peer else "",
+                      reason, suffix)
+        return False
+
+    def _check_scheduler(self, now: float) -> None:
+        """Raise SchedulerLost once the scheduler is gone: its connection closed and stayed closed for
+        SCHEDULER_GRACE (a process that died), or KVSTORE_LAZY_SCHEDULER_TIMEOUT passed since a heartbeat it did not
+        answer (a host or a process that hangs). Messages already received are read first (they may be the
+        scheduler's last ones, e.g. the final barrier's release), unless that takes 5x longer still."""
+        cfg = self.config
+        where = f"the scheduler at {cfg.root_uri}:{cfg.root_port}"
+        if membership.SCHEDULER_ID in self.van.dropped:
+            raise SchedulerLost(f"{where} stopped reading: {self.van.dropped[membership.SCHEDULER_ID]}")
+        link = self.van.link(membership.SCHEDULER_ID)
+        if link is not None and link.ever_up and not link.up:
+            down = now - link.changed
+            if down > SCHEDULER_GRACE and (down > 5 * SCHEDULER_GRACE or not self.van.incoming()):
+                raise SchedulerLost(f"lost {where}: its connection closed {down:.1f}s ago and did not come back")
+        timeout, asked = cfg.scheduler_timeout, self._asked_scheduler
+        if timeout > 0 and asked is not None and now - asked > timeout and (
+                now - asked > 5 * timeout or not self.van.incoming()):
+            raise SchedulerLost(f"lost {where}: no answer to heartbeats for {now - asked:.1f}s "
+                                f"(KVSTORE_LAZY_SCHEDULER_TIMEOUT={timeout:g})")
+
+
+def _resolve(host: str) -> set[str]:
+    """IPv4 addresses of a host name or literal (raises OSError if it does not resolve)."""
+    return {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)}
+
+
+def _local_addresses() -> frozenset:
+    """This machine's IPv4 addresses (one per interface), for trust.Gate's same-host rule."""
+    found = set()
+    for _, name in socket.if_nameindex():
+        ip = trust.ip_of(_interface_ip(name))
+        if ip is not None:
+            found.add(ip)
+    return frozenset(found)
 
 
 def _set_label(rank: int) -> None:

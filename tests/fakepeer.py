@@ -16,8 +16,8 @@ import zmq
 
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of
-from kvstore_lazy.protocol.pbmeta import (ADD_NODE, BARRIER, EMPTY, SCHEDULER, SERVER, WORKER, Control, Meta, Node,
-                                          decode_meta, encode_meta)
+from kvstore_lazy.protocol.pbmeta import (ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, WORKER, Control, Meta,
+                                          Node, decode_meta, encode_meta)
 
 F32, F64, F16 = 0, 1, 2          # mshadow dtype flags
 WORKER0, WORKER1 = 9, 11         # node ids of worker ranks 0 and 1
@@ -145,15 +145,18 @@ def _recv(sock: zmq.Socket, timeout: float) -> list[bytes]:
 class FakeScheduler:
     """The scheduler's side of one server's life: ADD_NODE reply, BARRIER releases (ps-lite Van/Postoffice)."""
 
-    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1") -> None:
+    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1", source: str | None = None) -> None:
         self.ctx = ctx
         self.host = host
+        self.source = source     # the address its DEALER to the server connects from (None: the kernel's choice)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.to_server: zmq.Socket | None = None
         self.ts = 0
         self.barriers = 0
+        self.heartbeats = 0
+        self.answer_heartbeats = True
 
     def close(self) -> None:
         for sock in (self.router, self.to_server):
@@ -161,8 +164,20 @@ class FakeScheduler:
                 sock.close(linger=0)
 
     def recv(self, timeout: float = 10.0) -> tuple[bytes, Meta]:
-        frames = _recv(self.router, timeout)
-        return frames[0], decode_meta(frames[1])
+        """The next message from the server other than a heartbeat; heartbeats are answered on the way, as the
+        stock scheduler does (Van::ProcessHearbeat)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frames = _recv(self.router, max(deadline - time.monotonic(), 0.001))
+            meta = decode_meta(frames[1])
+            if meta.control.cmd != HEARTBEAT:
+                return frames[0], meta
+            self.heartbeats += 1
+            if self.answer_heartbeats and self.to_server is not None:
+                self.send(Meta(control=Control(cmd=HEARTBEAT, nodes=[self.node()]), timestamp=self._tick()))
+
+    def node(self) -> Node:
+        return Node(role=SCHEDULER, id=SCHEDULER_ID, hostname=self.host, port=self.port)
 
     def register(self, worker_host: str, worker_port: int, timeout: float = 30.0) -> Node:
         """Wait for the server's ADD_NODE, then answer it (as ps1) listing server 8, worker 9 and the scheduler."""
@@ -174,10 +189,11 @@ class FakeScheduler:
         self.to_server = self.ctx.socket(zmq.DEALER)
         self.to_server.setsockopt(zmq.LINGER, 0)
         self.to_server.setsockopt(zmq.IDENTITY, identity_of(SCHEDULER_ID))
-        self.to_server.connect(f"tcp://{node.hostname}:{node.port}")
+        prefix = f"{self.source}:0;" if self.source else ""
+        self.to_server.connect(f"tcp://{prefix}{node.hostname}:{node.port}")
         nodes = [Node(role=SERVER, id=8, hostname=node.hostname, port=node.port),
                  Node(role=WORKER, id=9, hostname=worker_host, port=worker_port),
-                 Node(role=SCHEDULER, id=SCHEDULER_ID, hostname=self.host, port=self.port)]
+                 self.node()]
         self.send(Meta(control=Control(cmd=ADD_NODE, nodes=nodes), timestamp=self._tick()))
         return node
 
@@ -258,3 +274,108 @@ class FakeWorker:
         reply = self.recv(timeout)
         check_reply(reply, msg)
         return reply
+
+
+class RawWorker:
+    """A ps-lite worker in pure pyzmq that registers with the *stock* scheduler like any worker (ADD_NODE from a
+    DEALER without identity, then DEALERs ``ps<id>`` to the scheduler and the server), so the server serves it: the
+    attacker of tests/test_trust_live.py. It takes part in the job's barriers (``barrier``) and otherwise sends
+    whatever it is told. Every receive has a timeout; every socket is closed by close()."""
+
+    def __init__(self, ctx: zmq.Context, scheduler_port: int, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.ctx = ctx
+        self.host = host
+        self.sockets: list[zmq.Socket] = []
+        self.router = self._socket(zmq.ROUTER)
+        if port:
+            self.router.bind(f"tcp://{host}:{port}")
+            self.port = port
+        else:
+            self.port = self.router.bind_to_random_port(f"tcp://{host}")
+        self.scheduler_address = f"tcp://127.0.0.1:{scheduler_port}"
+        self.van_ts = 0
+        self.req: Requests | None = None
+        self.node_id: int | None = None
+        self.nodes: list[Node] = []
+        self.inbox: list[Message] = []     # received, not yet asked for
+
+    def _socket(self, kind: int, identity: bytes | None = None, address: str | None = None) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
+        if address is not None:
+            sock.connect(address)
+        self.sockets.append(sock)
+        return sock
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)
+
+    def register(self, timeout: float = 60.0) -> None:
+        anonymous = self._socket(zmq.DEALER, None, self.scheduler_address)
+        self._control(anonymous, Control(cmd=ADD_NODE, nodes=[Node(role=WORKER, hostname=self.host, port=self.port)]))
+        reply = self.recv(lambda m: m.meta.control.cmd == ADD_NODE, timeout)
+        self.nodes = reply.meta.control.nodes
+        self.node_id = next(n.id for n in self.nodes if n.role == WORKER and (n.hostname, n.port) == (self.host,
+                                                                                                     self.port))
+        server = next(n for n in self.nodes if n.role == SERVER)
+        self.server_address = f"tcp://{server.hostname}:{server.port}"
+        anonymous.close(linger=0)
+        self.to_scheduler = self._socket(zmq.DEALER, identity_of(self.node_id), self.scheduler_address)
+        self.to_server = self._socket(zmq.DEALER, identity_of(self.node_id), self.server_address)
+        self.req = Requests(self.node_id)
+
+    def _control(self, sock: zmq.Socket, control: Control, request: bool = False) -> None:
+        meta = Meta(control=control, timestamp=self.van_ts, request=request)
+        if request:
+            meta.app_id, meta.customer_id = 0, 0
+        self.van_ts += 1
+        sock.send_multipart([encode_meta(meta)])
+
+    def barrier(self, group: int, timeout: float = 60.0) -> None:
+        """BARRIER(group) at the scheduler, and its release; replies from the server meanwhile are dropped."""
+        self._control(self.to_scheduler, Control(cmd=BARRIER, barrier_group=group), request=True)
+        self.recv(lambda m: m.meta.control.cmd == BARRIER and not m.meta.request, timeout, keep_data=False)
+
+    def recv(self, match, timeout: float = 10.0, keep_data: bool = True) -> Message:
+        """The first received message `match` accepts (earlier ones wait in the inbox, data replies only if
+        `keep_data`)."""
+        for i, msg in enumerate(self.inbox):
+            if match(msg):
+                return self.inbox.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = Message.from_frames(_recv(self.router, max(deadline - time.monotonic(), 0.001)))
+            if match(msg):
+                return msg
+            if keep_data or msg.meta.control.cmd:
+                self.inbox.append(msg)
+
+    def drain(self, quiet: float = 0.5) -> int:
+        """Read and drop every reply until none came for `quiet` seconds; how many."""
+        count = 0
+        while self.router.poll(int(quiet * 1000), zmq.POLLIN):
+            msg = Message.from_frames(self.router.recv_multipart())
+            if msg.meta.control.cmd:
+                self.inbox.append(msg)
+            else:
+                count += 1
+        return count
+
+    def send(self, msg: Message) -> None:
+        self.to_server.send_multipart(msg.to_frames())
+
+    def call(self, msg: Message, timeout: float = 10.0) -> Message:
+        """A request to the server and its reply (by timestamp), checked against the request."""
+        self.send(msg)
+        reply = self.recv(lambda m: not m.meta.control.cmd and m.meta.timestamp == msg.meta.timestamp
+                          and m.meta.simple_app == msg.meta.simple_app, timeout)
+        check_reply(reply, msg)
+        return reply
+
+    def spoof(self, identity: bytes | None, source: str = "127.0.0.1") -> zmq.Socket:
+        """A DEALER to the server's ROUTER claiming `identity`, connecting from `source`."""
+        host, port = self.server_address[len("tcp://"):].rsplit(":", 1)
+        return self._socket(zmq.DEALER, identity, f"tcp://{source}:0;{host}:{port}")

@@ -184,6 +184,21 @@ def bad_requests(w: FakeWorker) -> dict[str, tuple[list[bytes], Meta]]:
     return out
 
 
+def reply_shaped(w: FakeWorker) -> dict[str, list[bytes]]:
+    """Messages with request=0 (a reply's shape): no worker sends a server one, so each is dropped unanswered."""
+    pull, _ = meta_frame(w, push=False, pull=True, data_types=[8, 11])
+    reply = Message.from_frames([b"ps9", pull]).meta
+    reply.request = False
+    command = w.req.command(proto.STOP_SERVER).meta
+    command.request = False
+    return {
+        # an empty meta frame decodes to an all-defaults meta: request=0, timestamp kEmpty
+        "empty-meta": [b""],
+        "pull-reply": [encode_meta(reply), key_bytes(3), b""],
+        "stop-server-reply": [encode_meta(command)],
+    }
+
+
 def expect_reply(w: FakeWorker, request: Meta) -> Message:
     reply = w.recv(REPLY)
     check_reply(reply, Message(request))
@@ -211,11 +226,12 @@ def test_malformed_frames_do_not_hurt_the_server(live):
         w.expect_nothing(0.05)
         check_values(w)                                      # the next reply is the valid request's own
         assert live.alive(), name
-    # an empty meta frame decodes to an all-defaults meta, whose request flag is 0: a reply, which is never served
-    assert not Message.from_frames([b"ps9", b""]).meta.request
-    w.send_frames([b""])
-    w.expect_nothing(0.05)
-    check_values(w)
+    replies = reply_shaped(w)
+    for name, frames in replies.items():
+        w.send_frames(frames)
+        w.expect_nothing(0.05)
+        check_values(w)                                      # dropped: the next reply is the valid request's own
+        assert live.alive(), name
     bad = bad_requests(w)
     for name, (frames, meta) in bad.items():
         w.send_frames(frames)
@@ -232,8 +248,8 @@ def test_malformed_frames_do_not_hurt_the_server(live):
     assert live.stop() == 0
     log = live.log()
     assert log.count("dropping a malformed message") == 2 * len(undecodable)
+    assert log.count("from worker 0 (node 9) at 127.0.0.1: a reply arriving as a request") == len(replies)
     assert log.count("bad request from worker 0 (node 9)") == 4 * len(bad)
-    assert log.count("dropping a reply from worker 0 (node 9)") == 1
     assert "Traceback" not in log
 
 
@@ -246,13 +262,13 @@ def test_unidentified_senders_get_nothing_and_change_nothing(live):
         for msg in [w.req.pull(3), w.req.push(3, np.zeros(4, np.float32)), w.req.command(proto.STOP_SERVER),
                     w.req.rsp_pull(5, [0])]:
             sock.send_multipart(msg.to_frames())
-    # a well-formed identity of a node the server has no connection to: handled, the reply has nowhere to go
+    # a well-formed identity of a node the scheduler did not announce: dropped (its push must not count)
     stranger = w.socket(b"ps77")
     stranger.send_multipart(w.req.push(3, np.zeros(4, np.float32)).to_frames())
     stranger.send_multipart(w.req.pull(3).to_frames())
     # those sockets are not ordered with ours: wait until the server has seen them all
     wait_for_log(live, lambda log: log.count("unidentified node") == 4 * len(identities)
-                 and "no connection to node 77" in log)
+                 and log.count("from node 77 at 127.0.0.1: node 77 is not in this job") == 2)
     w.expect_nothing(0.2)
     check_values(w)                                          # no push landed, no stop happened
     assert live.alive()

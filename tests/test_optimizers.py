@@ -313,3 +313,129 @@ assert not any(name == 'mxnet' or name.startswith('mxnet.') for name in sys.modu
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     subprocess.run([sys.executable, '-c', script], check=True, env=env, cwd=tmp_path)
     assert importlib.util.find_spec('mxnet') is not None   # i.e. it was importable, yet not imported
+
+
+# --------------------------------------------------------------------------------------
+# Issue 11, defect 4: every field the server computes with is checked when the pickle
+# arrives. Each case below is a stock optimizer whose state was altered after __init__
+# (which is what reaches the server: the pickle never goes through __init__ there).
+# --------------------------------------------------------------------------------------
+def _altered(make, **fields):
+    def build():
+        obj = make()
+        target = obj
+        for name, value in fields.items():
+            if name.startswith('sched_'):
+                target, name = obj.lr_scheduler, name[len('sched_'):]
+            setattr(target, name, value)
+        return obj
+    return build
+
+
+def _factor(**kw):
+    return lambda: OPT.SGD(learning_rate=0.1, lr_scheduler=LRS.FactorScheduler(step=10, factor=0.5, **kw))
+
+
+def _multifactor():
+    return OPT.SGD(learning_rate=0.1, lr_scheduler=LRS.MultiFactorScheduler(step=[10, 20], factor=0.5))
+
+
+def _poly():
+    return OPT.SGD(learning_rate=0.1, lr_scheduler=LRS.PolyScheduler(max_update=100, base_lr=0.1, pwr=2))
+
+
+def _cosine():
+    return OPT.SGD(learning_rate=0.1, lr_scheduler=LRS.CosineScheduler(max_update=100, base_lr=0.1))
+
+
+UNUSABLE = {
+    # the observed one: FactorScheduler.__call__ never returns
+    'factor-step-0': (_altered(_factor(), sched_step=0), 'FactorScheduler.step = 0'),
+    'factor-step-negative': (_altered(_factor(), sched_step=-3), 'FactorScheduler.step = -3'),
+    'factor-step-float': (_altered(_factor(), sched_step=1e-300), 'FactorScheduler.step'),
+    'factor-step-nan': (_altered(_factor(), sched_step=float('nan')), 'FactorScheduler.step'),
+    'factor-factor-above-1': (_altered(_factor(), sched_factor=2.0), 'FactorScheduler.factor'),
+    'factor-count-string': (_altered(_factor(), sched_count='0'), 'FactorScheduler.count'),
+    'factor-billions-of-steps': (_altered(_factor(), begin_num_update=2 ** 52, num_update=2 ** 52),
+                                 'FactorScheduler: update'),
+    'warmup-mode': (_altered(_factor(), sched_warmup_mode='cubic'), 'warmup_mode'),
+    'warmup-steps-negative': (_altered(_factor(), sched_warmup_steps=-1), 'warmup_steps'),
+    'multifactor-not-increasing': (_altered(_multifactor, sched_step=[20, 10]), 'MultiFactorScheduler.step'),
+    'multifactor-zero-step': (_altered(_multifactor, sched_step=[0, 10]), 'MultiFactorScheduler.step'),
+    'multifactor-not-a-list': (_altered(_multifactor, sched_step=10), 'MultiFactorScheduler.step'),
+    'multifactor-index': (_altered(_multifactor, sched_cur_step_ind=7), 'cur_step_ind'),
+    'poly-max-steps-0': (_altered(_poly, sched_max_steps=0), 'PolyScheduler.max_steps'),
+    'poly-negative-power': (_altered(_poly, sched_power=-1.0), 'PolyScheduler.power'),
+    'cosine-inconsistent': (_altered(_cosine, sched_max_steps=7), 'CosineScheduler.max_steps'),
+    'scheduler-not-a-scheduler': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr_scheduler=3), 'lr_scheduler'),
+    'lr-nan': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr=float('nan')), 'SGD.lr'),
+    'lr-inf': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr=float('inf')), 'SGD.lr'),
+    'lr-huge-int': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr=10 ** 400), 'SGD.lr'),
+    'lr-none-without-scheduler': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr=None), 'SGD.lr'),
+    'wd-string': (_altered(lambda: OPT.SGD(learning_rate=0.1), wd='0'), 'SGD.wd'),
+    'rescale-list': (_altered(lambda: OPT.SGD(learning_rate=0.1), rescale_grad=[1]), 'SGD.rescale_grad'),
+    'clip-nan': (_altered(lambda: OPT.SGD(learning_rate=0.1), clip_gradient=float('nan')), 'clip_gradient'),
+    'momentum-nan': (_altered(lambda: OPT.SGD(learning_rate=0.1, momentum=0.9), momentum=float('nan')),
+                     'SGD.momentum'),
+    'num-update-negative': (_altered(lambda: OPT.SGD(learning_rate=0.1), num_update=-5), 'num_update'),
+    'num-update-float': (_altered(lambda: OPT.SGD(learning_rate=0.1), begin_num_update=1.5), 'begin_num_update'),
+    'count-huge': (_altered(lambda: OPT.SGD(learning_rate=0.1), _all_index_update_counts={0: {3: 2 ** 60}}),
+                   '_all_index_update_counts'),
+    'lr-mult-string': (_altered(lambda: OPT.SGD(learning_rate=0.1), lr_mult={0: 'x'}), 'lr_mult'),
+    'wd-mult-not-dict': (_altered(lambda: OPT.SGD(learning_rate=0.1), wd_mult=[1.0]), 'wd_mult'),
+    'idx2name-values': (_altered(lambda: OPT.SGD(learning_rate=0.1), idx2name={0: 5}), 'idx2name'),
+    'adam-beta1-one': (_altered(lambda: OPT.Adam(), beta1=1.0), 'Adam.beta1'),
+    'adam-beta2-above-one': (_altered(lambda: OPT.Adam(), beta2=1.5), 'Adam.beta2'),
+    'adam-epsilon-string': (_altered(lambda: OPT.Adam(), epsilon='1e-8'), 'Adam.epsilon'),
+    'rmsprop-clip-weights-nan': (_altered(lambda: OPT.RMSProp(), clip_weights=float('nan')), 'clip_weights'),
+    'rmsprop-centered-string': (_altered(lambda: OPT.RMSProp(), centered='yes'), 'centered'),
+    'ftrl-beta-inf': (_altered(lambda: OPT.Ftrl(), beta=float('-inf')), 'Ftrl.beta'),
+    'adagrad-eps-none': (_altered(lambda: OPT.AdaGrad(), float_stable_eps=None), 'float_stable_eps'),
+    'signum-wd-lh-nan': (_altered(lambda: OPT.Signum(), wd_lh=float('nan')), 'Signum.wd_lh'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(UNUSABLE))
+def test_unusable_fields_are_refused_when_the_pickle_arrives(case):
+    make, field = UNUSABLE[case]
+    with pytest.raises(optimizers.UnusableOptimizerError, match='refused') as info:
+        load_optimizer(pickle.dumps(make(), 0))
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize('make', [
+    lambda: OPT.SGD(learning_rate=-0.1, wd=-1e-3, rescale_grad=-2.0, clip_gradient=-1.0),   # odd but computable
+    lambda: OPT.SGD(lr_scheduler=LRS.FactorScheduler(step=1, factor=1.0)),
+    lambda: OPT.SGD(lr_scheduler=LRS.FactorScheduler(step=3, factor=0.0, warmup_steps=5, warmup_mode='constant')),
+    lambda: OPT.SGD(lr_scheduler=LRS.PolyScheduler(max_update=10, base_lr=0.1, pwr=0, warmup_steps=9)),
+    lambda: OPT.Adam(beta1=0.0, beta2=1.0),
+    lambda: OPT.RMSProp(centered=True, clip_weights=0.5),
+    lambda: OPT.SGD(learning_rate=0.1, begin_num_update=10 ** 6,
+                    lr_scheduler=LRS.FactorScheduler(step=1, factor=0.999999)),   # a long (bounded) resume
+])
+def test_usable_edge_values_are_accepted(make):
+    opt = load_optimizer(pickle.dumps(make(), 0))
+    w = np.ones(3, np.float32)
+    opt.update(0, w, np.ones(3, np.float32), opt.init_states(w))
+
+
+def test_a_bounded_factor_scheduler_still_matches_mxnet():
+    """The bound only refuses what would loop for more than MAX_SCHEDULER_STEPS: a resumed job whose count is
+    100000 steps behind gets MXNet's lr, to the bit."""
+    ref = LRS.FactorScheduler(step=1, factor=0.99999, stop_factor_lr=1e-9, base_lr=0.5)
+    ours = load_optimizer(pickle.dumps(OPT.SGD(learning_rate=0.5, lr_scheduler=LRS.FactorScheduler(
+        step=1, factor=0.99999, stop_factor_lr=1e-9, base_lr=0.5)), 0)).lr_scheduler
+    for num_update in (100_000, 100_001, 100_500):
+        assert ours(num_update) == ref(num_update)
+
+
+def test_restored_update_counts_are_checked():
+    opt = load_optimizer(pickle.dumps(OPT.SGD(learning_rate=0.1, lr_scheduler=LRS.FactorScheduler(
+        step=1, factor=0.5)), 0))
+    opt.restore_count(3, 40, 50)
+    assert opt._index_update_count[3] == 40 and opt.num_update == 50
+    for count, num_update, why in [(-1, 0, 'count'), (0, 2 ** 60, 'num_update'), (1.5, 0, 'count'),
+                                   (0, 10 ** 9, 'FactorScheduler')]:   # 10^9 steps of 1 past the count
+        with pytest.raises(optimizers.UnusableOptimizerError, match=why):
+            opt.restore_count(3, count, num_update)
+    assert opt._index_update_count[3] == 40 and opt.num_update == 50   # nothing changed

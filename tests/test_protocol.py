@@ -416,7 +416,10 @@ def test_empty_meta_is_all_defaults():
 
 
 @pytest.mark.parametrize("identity, sender", [
-    (b"ps1", 1), (b"ps9", 9), (b"ps10", 10), (b"ps2147483647", EMPTY), (b"ps007", 7),
+    (b"ps1", 1), (b"ps9", 9), (b"ps10", 10), (b"ps0", 0), (b"ps2147483646", 2147483646), (b"ps2147483647", EMPTY),
+    # issue 11: only the canonical decimal (ps-lite's GetNodeID reads ps01 as the scheduler, ps09 as worker 0)
+    (b"ps007", EMPTY), (b"ps01", EMPTY), (b"ps09", EMPTY), (b"ps00", EMPTY), (b"ps+9", EMPTY),
+    (b"ps4294967297", EMPTY), (b"ps99999999999", EMPTY), (b"ps9\x00", EMPTY), (b"ps\xef\xbc\x99", EMPTY),
     (b"ps", EMPTY), (b"p", EMPTY), (b"", EMPTY), (b"ps9a", EMPTY), (b"ps-9", EMPTY), (b"ps 9", EMPTY),
     (b"PS9", EMPTY), (b"xs9", EMPTY), (b"\x00k\x8bEg", EMPTY), (b"ps\xd9\xa3", EMPTY),
 ])

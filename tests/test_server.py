@@ -864,3 +864,114 @@ def test_handle_never_raises(msgs, sync, compression, monkeypatch):
                     assert len(mine) == 1                          # only a buffered sync push may wait
         finally:
             logging.disable(logging.NOTSET)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 11: full 64-bit row ids (defect 3), what one peer can make the server hold (defect 5), strict declarations
+# (defect 8), restored update counts (defect 4) and a push whose lens are element counts (defect 9)
+
+@pytest.mark.parametrize("rows", [[2 ** 63], [2 ** 63, 2 ** 63 + 7], [2 ** 64 - 16], [1, 2 ** 63 + 1]])
+def test_row_ids_beyond_2_63_are_refused(loaded, caplog, rows):
+    """They used to wrap to negative int64 ids, pass the range check and be stored (issue 11, defect 3)."""
+    peer, w0 = loaded
+    begin = proto.server_key_begin(0, 2)
+    for key in (5, 7):
+        keys = [begin + key] + [(begin + key + r) % 2 ** 64 for r in rows]
+        assert "beyond the int64 row ids" in reject(peer, caplog, w0.kv(RSP, keys, b"", push=False, pull=True), key)
+    keys = [begin + 5] + [(begin + 5 + r) % 2 ** 64 for r in rows]
+    vals = np.zeros((len(rows), 2), np.float32).tobytes()
+    assert "beyond the int64 row ids" in reject(peer, caplog, w0.kv(RSP, keys, vals, [0] + [8] * len(rows), push=True), 5)
+    assert all(r < 100 for r in row_ids(peer.server, 7))
+
+
+def test_rejected_pushes_to_many_keys_hold_bounded_memory(loaded, caplog):
+    """100k rejected pushes to distinct keys grew the flagged set by 13.7 MiB: a refused push now flags only a key
+    this server holds or has declared, so the set is bounded by (workers of the job) x (keys), and a refused push to
+    a key that does not exist (nothing a later pull could read) flags nothing."""
+    peer, w0 = loaded
+    w1 = Requests(WORKER1, num_servers=2)
+    with caplog.at_level(logging.CRITICAL, logger="kvstore_lazy"):
+        begin = proto.server_key_begin(0, 2)
+        for key in range(1000, 7000):   # lens that disagree with the values: refused
+            peer.send(w1.kv(DEF, [begin + key], F4, [12], push=True))
+        peer.send(w1.kv(DEF, [begin + 3], F4, [12], push=True))   # a key it holds: flagged
+    assert peer.server.poisoned == {(WORKER1, 3)}
+    assert "earlier push" in reject(peer, caplog, w1.pull(3), 3)   # it still fails loudly
+    check_good(peer, w0)                                           # the other worker is not affected
+
+
+BAD_DECLARATIONS = {
+    "rows-1e300": {"rows": 1e300}, "rows-1.5": {"rows": 1.5}, "rows-true": {"rows": True},
+    "rows-2^63": {"rows": 2 ** 63}, "row-shape-empty": {"row_shape": []}, "row-shape-string": {"row_shape": "8"},
+    "row-shape-float": {"row_shape": [8.5]},
+    "row-shape-zero": {"row_shape": [4, 0]}, "dtype-null": {"dtype": None}, "dtype-number": {"dtype": 0},
+    "bound-0": {"bound": 0}, "bound-negative": {"bound": -5}, "key-negative": {"key": -1}, "key-2^64": {"key": 2 ** 64},
+    "key-virtual": {"key": proto.ROWS_HEADER_KEY}, "key-string": {"key": "11"}, "seed-float": {"seed": 0.5},
+    "init-not-a-string": {"init": ["zero", {}]},
+    "row-of-2^20-elements": {"row_shape": [1 << 20]}, "row-over-the-limit": {"row_shape": [257, 256]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DECLARATIONS))
+def test_loose_declarations_are_refused(loaded, caplog, case):
+    """Issue 11, defect 8 (and the row-size cap of defect 5): each used to be accepted, truncated or defaulted."""
+    peer, w0 = loaded
+    body = {"key": 11, "rows": 10, "row_shape": [2], "dtype": "float32", "init": '["zero", {}]', "seed": 1,
+            "bound": 1000000}
+    body.update(BAD_DECLARATIONS[case])
+    reject_command(peer, caplog, w0.command(proto.LAZY_DECLARE, json.dumps(body).encode()))
+    assert 11 not in peer.server.specs
+    check_good(peer, w0)
+
+
+def test_a_lazy_declaration_over_a_dense_key_is_refused(loaded, caplog):
+    peer, w0 = loaded
+    line = reject_command(peer, caplog, w0.command(proto.LAZY_DECLARE, lazy_spec_body(3, (10, 4), "float32",
+                                                                                      '["zero", {}]', 1)))
+    assert "dense" in line
+    check_good(peer, w0)
+
+
+def test_declared_keys_are_capped(monkeypatch, caplog):
+    from kvstore_lazy.server import core
+
+    monkeypatch.setattr(core, "MAX_DECLARED_KEYS", 50)
+    peer = Peer(KVServer(0, 1, 1))
+    w0 = Requests(WORKER0)
+    for key in range(50):
+        peer.ok(w0.command(proto.LAZY_DECLARE, lazy_spec_body(key, (10, 2), "float32", '["zero", {}]', 1)))
+    line = reject_command(peer, caplog, w0.command(proto.LAZY_DECLARE, lazy_spec_body(
+        50, (10, 2), "float32", '["zero", {}]', 1)))
+    assert "limit" in line and len(peer.server.specs) == 50
+    peer.ok(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (10, 2), "float32", '["zero", {}]', 1)))  # known: fine
+
+
+@pytest.mark.timeout(60)
+def test_restored_update_counts_cannot_make_the_scheduler_loop(loaded, caplog):
+    """LAZY_SET_COUNTS sets num_update; 10^12 updates past a FactorScheduler(step=1)'s count used to make the next
+    push loop for hours. Now the command is refused and the next push is answered at once."""
+    peer, w0 = loaded
+    opt = mxnet.optimizer.SGD(learning_rate=0.5, lr_scheduler=mxnet.lr_scheduler.FactorScheduler(step=1, factor=0.5))
+    peer.ok(w0.command(proto.CONTROLLER, pickle.dumps(opt, 0)))
+    line = reject_command(peer, caplog, w0.command(proto.LAZY_SET_COUNTS, json.dumps(
+        {"key": 3, "counts": [10 ** 12], "num_update": [10 ** 12]}).encode()))
+    assert "FactorScheduler" in line
+    peer.ok(w0.command(proto.LAZY_SET_COUNTS, json.dumps({"key": 3, "counts": [4], "num_update": [4]}).encode()))
+    assert peer.server.optimizer.num_update == 4
+    peer.ok(w0.push(3, f32(1, 1, 1, 1)))
+
+
+def test_a_push_whose_lens_are_element_counts_is_applied(loaded, caplog):
+    """What a stock worker really sent (issue 11, defect 9, captured): a row_sparse push of 2 rows of 2 floats whose
+    lens a concurrent row_sparse pull's reply overwrote with element counts. The values are intact; they apply as
+    the same push with byte lens would."""
+    peer, w0 = loaded
+    begin = proto.server_key_begin(0, 2)
+    grad = f32(1, 2, 3, 4).tobytes()
+    for lens in ([0, 2, 2], [0, 8, 2]):                           # elements, and a half-overwritten buffer
+        peer.ok(w0.kv(RSP, [begin + 5, begin + 5 + 1, begin + 5 + 4], grad, lens, push=True))
+    # the Test optimizer adds the gradient: rows 1 and 4 got it twice
+    assert peer.values(w0.rsp_pull(5, [1, 4])).tolist() == [2 + 2, 3 + 4, 8 + 6, 9 + 8]
+    for lens, why in [([0, 2, 2], "whole float32"), ([0, 3, 3], "bytes (8) or elements (2)")]:
+        vals = grad[:6] if why == "whole float32" else grad
+        assert why in reject(peer, caplog, w0.kv(RSP, [begin + 5, begin + 6, begin + 9], vals, lens, push=True), 5)

@@ -166,12 +166,20 @@ def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
         raise BadRequest(key, f"row_sparse push needs one len per key and lens[0] == 0, got {kv.lens[:4]}")
     if num_rows == 0:
         return np.zeros((0, 0), dtype)
-    row_bytes = int(kv.lens[1])
-    if row_bytes <= 0 or row_bytes % dtype.itemsize or np.count_nonzero(kv.lens[2:] != row_bytes):
-        raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
-    if len(kv.vals) != num_rows * row_bytes:
-        raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
-    return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_bytes // dtype.itemsize)
+    # The values, not lens[1:], give the row size (issue 11, defect 9). A stock worker's lens are bytes per row, but
+    # MXNet's KVStoreDist shares one lens buffer per key between pushes and row_sparse pulls (EncodeRowSparseKey,
+    # ZPull(..., &pskv.lens) in kvstore_dist.h), and a pull's reply (lens in elements, RowSparsePullResponse) that
+    # lands while a push of the key is still being sent overwrites the push's lens: [0, 10, 10] for two 40-byte
+    # rows. Keys and values are intact, so each len may be the row's bytes or its elements.
+    row_bytes, extra = divmod(len(kv.vals), num_rows)
+    row_size = row_bytes // dtype.itemsize
+    if extra or row_bytes == 0 or row_bytes % dtype.itemsize:
+        raise BadRequest(key, f"{len(kv.vals)} value bytes are not {num_rows} rows of whole {dtype.name} values")
+    lens = kv.lens[1:]
+    if np.count_nonzero((lens != row_bytes) & (lens != row_size)):
+        raise BadRequest(key, f"row lens must each be a row's bytes ({row_bytes}) or elements ({row_size}), got "
+                              f"lens {kv.lens[:8].tolist()} for {len(kv.keys)} keys, {len(kv.vals)} value bytes")
+    return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_size)
 
 
 _PARSERS = {mx.DEFAULT: _default, mx.COMPRESSED: _compressed, mx.ROW_SPARSE: _row_sparse}

@@ -18,17 +18,31 @@ from .errors import ProtocolError
 from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, EMPTY, Meta, decode_meta, encode_meta
 
 
+MAX_ID_DIGITS = len(str(EMPTY))   # a node id is an int32 below kEmpty: at most 10 digits
+
+
 def parse_identity(identity: bytes) -> int:
-    """Node id of a ROUTER identity frame, or EMPTY if it is not ``ps<digits>``."""
-    if len(identity) > 2 and identity[:2] == b"ps" and identity[2:].isdigit():
-        try:
-            return int(identity[2:])
-        except ValueError:  # pragma: no cover - isdigit() admits some non-ASCII digits
-            return EMPTY
-    return EMPTY
+    """Node id of a ROUTER identity frame: ``ps`` followed by the canonical decimal of an id below kEmpty (what
+    ps-lite's ``"ps" + std::to_string(id)`` produces), else EMPTY.
+
+    Stricter than ps-lite's ``ZMQVan::GetNodeID``, which reads any run of ASCII digits: there ``ps01`` and ``ps1``
+    are both the scheduler, so a peer could pass for the scheduler or any worker under another spelling. Here
+    leading zeros (``ps01``, ``ps00``), signs, spaces, non-ASCII digits, more than 10 digits and ids >= kEmpty
+    all mean "no identity".
+    """
+    digits = identity[2:]
+    if identity[:2] != b"ps" or not 0 < len(digits) <= MAX_ID_DIGITS or not digits.isdigit():
+        return EMPTY   # bytes.isdigit() is ASCII-only
+    if digits[:1] == b"0" and len(digits) > 1:
+        return EMPTY
+    node_id = int(digits)
+    return node_id if node_id < EMPTY else EMPTY
 
 
 def identity_of(node_id: int) -> bytes:
+    """The DEALER identity of node `node_id`, an int32 >= 0 (``ps2147483647``, kEmpty, reads back as no id)."""
+    if not 0 <= node_id <= EMPTY:
+        raise ValueError(f"node id {node_id} is outside 0..{EMPTY}")
     return b"ps%d" % node_id
 
 

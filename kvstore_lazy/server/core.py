@@ -44,7 +44,7 @@ log = logging.getLogger("kvstore_lazy.server")
 
 MATERIALIZE_ON_TOUCH = "touch"   # first pull or push creates the row
 MATERIALIZE_ON_PUSH = "push"     # pulls of absent rows get computed initial values, only pushes store rows
-MAX_DECLARED_KEYS = 1 << 16      # lazy declarations one server keeps
+MAX_DECLARED_KEYS = 4096         # lazy declarations one server keeps (a real job declares a few dozen)
 
 
 def node_name(node_id: int) -> str:
@@ -200,7 +200,7 @@ class KVServer:
         if isinstance(self.keys.get(spec.key), DenseKey):
             raise ValueError(f"key {spec.key} already holds a dense value; it cannot be declared row_sparse")
         if len(self.specs) >= MAX_DECLARED_KEYS:
-            raise ValueError(f"{MAX_DECLARED_KEYS} keys are declared already; refusing key {spec.key}")
+            raise ValueError(f"the limit of {MAX_DECLARED_KEYS} declared keys is reached; refusing key {spec.key}")
         self.specs[spec.key] = spec
         log.info("lazy key %d declared: %s rows x %s %s, init %s, seed %d", spec.key, spec.total_rows,
                  spec.row_shape, spec.dtype.name, spec.init, spec.seed)

@@ -84,10 +84,7 @@ class StateTransfer:
                 return 0
             return int(values[self.server.rank]) if len(values) == self.server.num_servers else int(max(values))
 
-        count = mine(counts)
-        if count > 0:
-            optimizer.set_update_count(key, count)
-        optimizer.num_update = max(int(optimizer.num_update), mine(num_update))
+        optimizer.restore_count(key, mine(counts), mine(num_update))   # checked: bounded counts, scheduler steps
 
     # -- virtual keys
 

@@ -1,20 +1,35 @@
 """ZeroMQ transport as ps-lite's ZMQVan lays it out: one ROUTER to receive, one DEALER per peer to send.
 
 Owns: the sockets and nothing else. One thread (the caller's) owns every socket (pyzmq sockets are not thread-safe).
-Does not own: ids, barriers or message meaning (``membership``, ``server``).
+Does not own: ids, barriers, who may send what (``membership``, ``trust``) or message meaning (``server``).
 
 Wire-compatibility notes:
 - Replies never go back over the ROUTER: every message goes out on the DEALER connected to the peer's ROUTER.
 - A DEALER's ZMQ_IDENTITY is ``ps<id>`` and is set before connect; the first socket to the scheduler has none, which
   is how the scheduler tells a new registration.
 - ``DMLC_LOCAL=1`` uses ``ipc:///tmp/<port>`` instead of TCP.
+
+Beyond ps-lite (issue 11):
+- Sends never block. ps-lite's ``zmq_msg_send`` blocks once a peer's queue reaches ZMQ_SNDHWM (a peer that stops
+  reading stalls the node; a DEALER whose peer never connected blocks at once). Here a send that ZeroMQ cannot take
+  now waits in a per-peer queue, flushed by :meth:`recv` whenever that DEALER is writable again, in order. A peer
+  whose queue passes its limit (messages or bytes) is *dropped*: logged once, its queue and socket discarded, and
+  :attr:`dropped` names it; every other peer keeps being served.
+- Every received message comes with the TCP address it came from (ZeroMQ's ``Peer-Address`` message property), so
+  the caller can check it against the address the scheduler announced for the node the identity names.
+- :meth:`watch` follows a DEALER's connection with a socket monitor: :meth:`link` says whether it is up, and since
+  when it is down (how a dead scheduler is noticed at once).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import random
+import time
+from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..protocol.message import Message
 
@@ -22,23 +37,53 @@ log = logging.getLogger(__name__)
 
 ZERO_COPY_MIN = 65536   # frames at least this large are sent and received without a copy
 _NOBLOCK = int(zmq.NOBLOCK)   # a plain int: flag enums cost a Python call per use
+QUEUE_MESSAGES = 10_000          # default per-peer limits of messages waiting beyond ZeroMQ's own queue (SNDHWM)
+QUEUE_BYTES = 1 << 30
 
 
 class BindError(OSError):
     pass
 
 
+class ConnectError(ValueError):
+    """An address ZeroMQ cannot connect to (the message names it); nothing was left open."""
+
+
+@dataclass
+class Link:
+    """What a socket monitor saw of one DEALER's connection."""
+
+    up: bool = False
+    ever_up: bool = False
+    changed: float = field(default_factory=time.monotonic)   # monotonic time of the last change
+
+
+@dataclass
+class _Queue:
+    messages: collections.deque = field(default_factory=collections.deque)   # frame lists, oldest first
+    nbytes: int = 0
+
+
 class ZmqVan:
-    def __init__(self, local: bool = False, water_mark: int = 0) -> None:
+    def __init__(self, local: bool = False, water_mark: int = 0, queue_messages: int = QUEUE_MESSAGES,
+                 queue_bytes: int = QUEUE_BYTES) -> None:
         self.context = zmq.Context()
         self.context.set(zmq.MAX_SOCKETS, 65536)
         self.local = local
         self.water_mark = water_mark
+        self.queue_messages = queue_messages
+        self.queue_bytes = queue_bytes
         self.receiver: zmq.Socket | None = None
         self.senders: dict[int, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.last_peer: str | None = None          # TCP address of the last message recv returned (None: ipc)
+        self.queues: dict[int, _Queue] = {}          # peers with messages ZeroMQ could not take yet
+        self._waiting: dict[zmq.Socket, int] = {}    # their DEALERs (polled for POLLOUT) -> node id
+        self.dropped: dict[int, str] = {}            # node id -> why it was dropped
+        self._monitors: dict[zmq.Socket, int] = {}   # monitor socket -> node id
+        self.links: dict[int, Link] = {}
 
     def _address(self, host: str, port: int) -> str:
         return f"ipc:///tmp/{port}" if self.local else f"tcp://{host}:{port}"
@@ -58,45 +103,150 @@ class ZmqVan:
             return candidate
         raise BindError(f"could not bind {host}: tried {candidates[:3]}... ({len(candidates)} ports)")
 
-    def connect(self, node_id: int, host: str, port: int, identity: bytes | None) -> None:
-        """(Re)open the DEALER to `node_id`; options are set before connect, as ZeroMQ requires."""
+    def connect(self, node_id: int, host: str, port: int, identity: bytes | None, watch: bool = False) -> None:
+        """(Re)open the DEALER to `node_id`; options are set before connect, as ZeroMQ requires. With `watch`, a
+        socket monitor follows the connection (:meth:`link`). Raises ConnectError (leaving nothing open) for an
+        address ZeroMQ refuses."""
         self.disconnect(node_id)
+        self.dropped.pop(node_id, None)
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         if identity is not None:
             sock.setsockopt(zmq.IDENTITY, identity)
             if self.water_mark:
                 sock.setsockopt(zmq.SNDHWM, self.water_mark)
-        sock.connect(self._address(host, port))
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED) if watch else None
+        try:
+            sock.connect(self._address(host, port))
+        except zmq.ZMQError as exc:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+            sock.close(linger=0)
+            raise ConnectError(f"cannot connect to node {node_id} at {host}:{port}: {exc}") from None
         self.senders[node_id] = sock
+        if monitor is not None:
+            self._monitors[monitor] = node_id
+            self.links[node_id] = Link()
+            self.poller.register(monitor, zmq.POLLIN)
 
     def disconnect(self, node_id: int) -> None:
         sock = self.senders.pop(node_id, None)
+        self._forget_queue(node_id, sock)
+        for monitor, watched in list(self._monitors.items()):
+            if watched == node_id:
+                del self._monitors[monitor]
+                self.poller.unregister(monitor)
+                if sock is not None:
+                    sock.disable_monitor()
+                monitor.close(linger=0)
+        self.links.pop(node_id, None)
         if sock is not None:
             sock.close(linger=0)
 
+    def link(self, node_id: int) -> Link | None:
+        """The connection state of a watched DEALER (None if not watched)."""
+        return self.links.get(node_id)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # sending
+
     def send(self, node_id: int, message: Message) -> int:
+        """Send now, or queue behind what ZeroMQ could not take yet; never blocks. Returns the bytes sent or queued
+        (0 if there is no connection to the node, or it was dropped)."""
         sock = self.senders.get(node_id)
         if sock is None:
-            log.error("no connection to node %d; dropping a message (head %s)", node_id, message.meta.head)
+            if node_id not in self.dropped:
+                log.error("no connection to node %d; dropping a message (head %s)", node_id, message.meta.head)
             return 0
         frames = message.to_frames()
-        sent = sum(len(f) for f in frames)
+        size = sum(len(f) for f in frames)
+        queue = self.queues.get(node_id)
+        if queue is None and self._try_send(sock, frames, size):
+            self.bytes_sent += size
+            return size
+        if queue is None:
+            queue = self.queues[node_id] = _Queue()
+            self._waiting[sock] = node_id
+            self.poller.register(sock, zmq.POLLOUT)
+        queue.messages.append(frames)
+        queue.nbytes += size
+        if len(queue.messages) > self.queue_messages or queue.nbytes > self.queue_bytes:
+            self._drop(node_id, f"it stopped reading: {len(queue.messages)} messages ({queue.nbytes} bytes) "
+                                f"wait beyond ZeroMQ's own queue (limits {self.queue_messages} messages, "
+                                f"{self.queue_bytes} bytes)")
+        return size
+
+    @staticmethod
+    def _try_send(sock: zmq.Socket, frames: list, size: int) -> bool:
+        """One message without blocking, or False (nothing sent) if ZeroMQ's queue to the peer is full. ZeroMQ
+        takes a multipart message whole once it took the first part, so only that one can fail."""
         # Zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice).
-        sock.send_multipart(frames, copy=sent < ZERO_COPY_MIN)
-        self.bytes_sent += sent
-        return sent
+        copy = size < ZERO_COPY_MIN
+        last = len(frames) - 1
+        try:
+            sock.send(frames[0], zmq.NOBLOCK | (zmq.SNDMORE if last else 0), copy=copy)
+        except zmq.Again:
+            return False
+        for i in range(1, last + 1):
+            sock.send(frames[i], zmq.SNDMORE if i < last else 0, copy=copy)
+        return True
+
+    def _flush(self, node_id: int) -> None:
+        sock, queue = self.senders.get(node_id), self.queues.get(node_id)
+        if sock is None or queue is None:
+            return
+        while queue.messages:
+            frames = queue.messages[0]
+            size = sum(len(f) for f in frames)
+            if not self._try_send(sock, frames, size):
+                return
+            queue.messages.popleft()
+            queue.nbytes -= size
+            self.bytes_sent += size
+        self._forget_queue(node_id, sock)
+
+    def _forget_queue(self, node_id: int, sock: zmq.Socket | None) -> None:
+        if self.queues.pop(node_id, None) is not None and sock is not None:
+            del self._waiting[sock]
+            self.poller.unregister(sock)
+
+    def _drop(self, node_id: int, reason: str) -> None:
+        log.error("dropping node %d: %s; no more messages go to it", node_id, reason)
+        self.disconnect(node_id)
+        self.dropped[node_id] = reason
+
+    def pending(self, node_id: int) -> int:
+        """Messages waiting for `node_id` beyond ZeroMQ's queue."""
+        queue = self.queues.get(node_id)
+        return len(queue.messages) if queue is not None else 0
+
+    # ------------------------------------------------------------------------------------------------------------
+    # receiving
 
     def recv(self, timeout_ms: int) -> list[bytes | memoryview] | None:
-        """One multipart message from the ROUTER (identity first), or None after `timeout_ms`.
+        """One multipart message from the ROUTER (identity first), or None after `timeout_ms` or when only queued
+        sends or connection events were handled. :attr:`last_peer` is the TCP address it came from.
 
-        With `timeout_ms` 0 (the runtime taking what is already queued) the receive is tried at once, NOBLOCK;
-        else the poller waits first (an empty NOBLOCK receive raises zmq.Again, which costs three polls). The parts
-        are read with the backend's recv and ``Frame.more`` instead of ``recv_multipart``, whose per-part
-        ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself for small messages."""
+        Queued sends and the link monitors are serviced in the poll, so it polls whenever there are any, or a wait
+        is asked for; with neither (the runtime taking what is already queued) the receive is tried at once,
+        NOBLOCK. The parts are read with the backend's recv and ``Frame.more`` instead of ``recv_multipart``, whose
+        per-part ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself for small messages."""
+        if timeout_ms or self._waiting or self._monitors:
+            events = dict(self.poller.poll(timeout_ms))
+            if not events:
+                return None
+            for sock, event in events.items():
+                if sock is self.receiver:
+                    continue
+                node_id = self._monitors.get(sock)
+                if node_id is not None:
+                    self._link_event(node_id, sock)
+                elif event & zmq.POLLOUT and sock in self._waiting:
+                    self._flush(self._waiting[sock])
+            if self.receiver not in events:
+                return None
         recv = self.receiver.recv
-        if timeout_ms and not self.poller.poll(timeout_ms):
-            return None
         try:
             frame = recv(_NOBLOCK, copy=False)
         except zmq.Again:   # nothing queued (or readable, then not)
@@ -110,7 +260,23 @@ class ZmqVan:
             size += n
             frames.append(frame.bytes if n < ZERO_COPY_MIN else memoryview(frame))
         self.bytes_received += size
+        self.last_peer = None if self.local else _peer_address(frame)
         return frames
+
+    def incoming(self) -> bool:
+        """Whether a received message is waiting to be read."""
+        return self.receiver is not None and bool(self.receiver.poll(0, zmq.POLLIN))
+
+    def _link_event(self, node_id: int, monitor: zmq.Socket) -> None:
+        link = self.links.get(node_id)
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            if link is None:
+                continue
+            up = event == zmq.EVENT_CONNECTED
+            if up != link.up:
+                link.up, link.changed = up, time.monotonic()
+            link.ever_up |= up
 
     def close(self) -> None:
         for node_id in list(self.senders):
@@ -118,4 +284,11 @@ class ZmqVan:
         if self.receiver is not None:
             self.receiver.close(linger=0)
             self.receiver = None
-        self.context.term()
+        self.context.destroy(linger=0)   # term() would wait forever for a socket someone forgot
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):   # not a TCP connection
+        return None

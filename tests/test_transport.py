@@ -1,0 +1,195 @@
+"""kvstore_lazy.transport.zmq_van with real ZeroMQ sockets on 127.0.0.0/8 (issue 11).
+
+- every received message carries the TCP address it came from (ZeroMQ's Peer-Address), the claimed identity
+  notwithstanding;
+- sends never block: a peer that does not read (or was never there) gets a queue, flushed in order once it reads;
+  past the limit it is dropped, logged once, and the other peers keep being served;
+- an address ZeroMQ refuses leaves nothing open, so closing the van cannot hang in context.term();
+- a watched DEALER's link goes down when the peer's process closes its socket.
+Every receive and wait has a deadline.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import zmq
+
+from kvstore_lazy.protocol.message import Message, identity_of
+from kvstore_lazy.protocol.pbmeta import Meta
+from kvstore_lazy.transport.zmq_van import ConnectError, ZmqVan
+
+
+@pytest.fixture
+def van():
+    v = ZmqVan()
+    v.bind("127.0.0.1", 0)
+    yield v
+    closer = threading.Thread(target=v.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "ZmqVan.close() hung"
+
+
+class Sockets:
+    """The test's own sockets, every one closed at teardown (a socket left to the garbage collector is never
+    closed, and then the context's term() waits for it forever)."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self.sockets: list[zmq.Socket] = []
+
+    def socket(self, kind: int) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        self.sockets.append(sock)
+        return sock
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def ctx():
+    sockets = Sockets()
+    yield sockets
+    sockets.close()
+
+
+def port_of(van: ZmqVan) -> int:
+    return int(van.receiver.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+
+
+def recv(van: ZmqVan, timeout: float = 5.0) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames = van.recv(50)
+        if frames is not None:
+            return frames
+    raise AssertionError(f"nothing received within {timeout}s")
+
+
+def dealer(ctx: Sockets, address: str, identity: bytes) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(address)
+    return sock
+
+
+def message(ts: int, payload: bytes = b"") -> Message:
+    meta = Meta(head=0, timestamp=ts, request=False)
+    data = []
+    if payload:
+        data, meta.data_type = [payload], [11]
+    return Message(meta, data)
+
+
+def test_each_message_says_which_address_it_came_from(van, ctx):
+    port = port_of(van)
+    honest = dealer(ctx, f"tcp://127.0.0.1:{port}", b"ps9")
+    # another loopback source address claiming the same identity: ZeroMQ's "source;destination" endpoint
+    spoof = dealer(ctx, f"tcp://127.0.0.2:0;127.0.0.1:{port}", b"ps11")
+    honest.send_multipart([b"meta-a", b"data"])
+    frames = recv(van)
+    assert [bytes(f) for f in frames] == [b"ps9", b"meta-a", b"data"] and van.last_peer == "127.0.0.1"
+    spoof.send_multipart([b"meta-b"])
+    frames = recv(van)
+    assert bytes(frames[0]) == b"ps11" and van.last_peer == "127.0.0.2"
+
+
+def test_sends_never_block_and_a_peer_that_does_not_read_is_dropped(van, ctx, caplog):
+    # node 11 has a ROUTER that never reads and small buffers; node 9 reads everything
+    lazy = ctx.socket(zmq.ROUTER)
+    lazy.setsockopt(zmq.RCVBUF, 4096)
+    lazy_port = lazy.bind_to_random_port("tcp://127.0.0.1")
+    reader = ctx.socket(zmq.ROUTER)
+    reader_port = reader.bind_to_random_port("tcp://127.0.0.1")
+    van.queue_messages, van.queue_bytes = 200, 1 << 30   # beyond ZeroMQ's own 1000 (SNDHWM) and TCP's buffers
+    van.connect(11, "127.0.0.1", lazy_port, identity_of(8))
+    van.connect(9, "127.0.0.1", reader_port, identity_of(8))
+    payload = b"x" * 20000
+    got = []
+
+    def read() -> None:
+        while reader.poll(0):
+            got.append(Message.from_frames(reader.recv_multipart()).meta.timestamp)
+
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR):
+        for ts in range(3000):
+            van.send(11, message(ts, payload))
+            van.send(9, message(ts))
+            van.recv(0)                                   # the loop: flushes what became writable
+            read()
+    assert time.monotonic() - started < 20               # a blocking send would hang here for good
+    assert list(van.dropped) == [11] and "stopped reading" in van.dropped[11]
+    assert [r.getMessage() for r in caplog.records].count(van_drop_line(caplog)) == 1   # logged once
+    assert van.send(11, message(1)) == 0 and 11 not in van.senders
+    deadline = time.monotonic() + 10
+    while len(got) < 3000 and time.monotonic() < deadline:   # node 9 got every message, in order
+        van.recv(10)
+        read()
+    assert got == list(range(3000))
+
+
+def van_drop_line(caplog) -> str:
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropping node 11")]
+    assert lines, "the drop was not logged"
+    return lines[0]
+
+
+def test_queued_messages_go_out_in_order_once_the_peer_appears(van, ctx):
+    # a DEALER whose peer is not listening yet: once ZeroMQ's own queue (SNDHWM, 1000) is full, ps-lite's send
+    # blocks; here the rest waits in the van's queue
+    probe = zmq.Context.instance().socket(zmq.ROUTER)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(linger=0)
+    van.connect(9, "127.0.0.1", port, identity_of(8))
+    started = time.monotonic()
+    for ts in range(1500):
+        assert van.send(9, message(ts)) > 0
+    assert time.monotonic() - started < 10
+    assert van.pending(9) >= 400
+    late = ctx.socket(zmq.ROUTER)
+    late.bind(f"tcp://127.0.0.1:{port}")
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 1500 and time.monotonic() < deadline:
+        van.recv(5)
+        while late.poll(0):
+            got.append(Message.from_frames(late.recv_multipart()).meta.timestamp)
+    assert got == list(range(1500)) and van.pending(9) == 0
+
+
+@pytest.mark.parametrize("host, port", [("127.0.0.1", -1), ("10.1.2.3", -65536)])
+def test_a_refused_address_leaves_nothing_open(van, host, port):
+    """What ZeroMQ itself refuses (membership.check_address refuses much more before the runtime connects)."""
+    before = len(van.senders)
+    with pytest.raises(ConnectError, match=f"node 9 at {host}:{port}"):
+        van.connect(9, host, port, identity_of(8), watch=True)
+    assert len(van.senders) == before and van.link(9) is None
+    # (the van fixture then checks close() returns: a leaked socket made context.term() wait forever)
+
+
+def test_a_watched_link_goes_down_when_the_peer_closes(van, ctx):
+    peer = ctx.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    van.connect(1, "127.0.0.1", port, identity_of(8), watch=True)
+
+    def wait(up: bool) -> None:
+        deadline = time.monotonic() + 10
+        while van.link(1).up != up:
+            assert time.monotonic() < deadline, f"link never went {'up' if up else 'down'}"
+            van.recv(20)
+
+    wait(True)
+    assert van.link(1).ever_up
+    peer.close(linger=0)
+    wait(False)
+    assert time.monotonic() - van.link(1).changed < 5
+    van.disconnect(1)
+    assert van.link(1) is None
