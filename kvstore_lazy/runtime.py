@@ -55,6 +55,7 @@ from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, Meta
 from .server.core import KVServer, node_name
+from .server.lifecycle import Settings as LifecycleSettings
 from .server.resume import ResumeGate
 from .transport.zmq_van import BindError, ZmqVan
 
@@ -63,6 +64,8 @@ log = logging.getLogger("kvstore_lazy")
 TAGGED_DIR = checkpoint.TAGGED_DIR   # <snapshot dir>/tagged/rank<r>: the last snapshot a worker asked for (its tag)
 SEEN_KEEP = 200_000             # signatures of received requests remembered for duplicate detection (PS_RESEND)
 SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
+CLOCK_SENDER = 0                # journal records from "node 0" are the server's own clock ticks (ttl_seconds)
+CLOCK_EVERY = 1.0               # s between clock ticks, when a key expires rows by time
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
 
@@ -147,6 +150,7 @@ class Config:
     journal_fsync: bool = False
     journal_max_bytes: int = 256 << 20
     resume: str = "auto"            # what a fresh start loads from snapshot_dir: auto | tagged | latest | none
+    lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -190,6 +194,10 @@ class Config:
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
         )
+        try:
+            config.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(config.snapshot_dir))
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         if (config.journal or config.recovery) and not config.snapshot_dir:
             raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
         if config.recovery and not config.journal:
@@ -276,6 +284,7 @@ class ServerNode:
         self._snapshot_due = False
         self._snapshot_seq = -1          # journal seq the last snapshot includes
         self._next_resend_check = float("inf")
+        self._next_clock = 0.0
         self.outbox = Outbox(config.resend_timeout)
         self.journal: journal_mod.Journal | None = None
         self.gate: ResumeGate | None = None
@@ -336,7 +345,8 @@ class ServerNode:
         for peer in peers:
             self.van.connect(peer.node_id, peer.hostname, peer.port, identity=identity_of(self.my_id))
         self._peers = peers
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
+        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
+                               lifecycle=cfg.lifecycle)
         log.info("registered as server rank %d (node %d) of %d servers, %d workers%s", rank, self.my_id,
                  cfg.num_servers, cfg.num_workers, " (recovered node)" if recovered else "")
         self._start_timers()
@@ -376,7 +386,8 @@ class ServerNode:
         self.timestamp = _rejoin_timestamp()
         self.port = self._bind_again(record["host"], int(record["port"]))
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
+        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
+                               lifecycle=cfg.lifecycle)
         self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
         self._restore_and_replay(started=started)
         self._start_timers()
@@ -547,6 +558,9 @@ class ServerNode:
             for entry in contents.entries:
                 if entry.seq <= base:
                     continue
+                if entry.sender == CLOCK_SENDER:
+                    self.server.lifecycle.set_clock(struct.unpack("<d", entry.frames[0])[0])
+                    continue
                 msg = Message.from_frames([identity_of(entry.sender)] + entry.frames)
                 self._remember(membership.message_signature(msg.meta, msg.sender, self.my_id))
                 for recver, reply in self._process(msg):
@@ -625,6 +639,9 @@ class ServerNode:
         if now >= self._next_resend_check:
             self._resend(now)
             self._next_resend_check = now + max(self.config.resend_timeout / 2, 0.05)
+        if self.server is not None and self.server.lifecycle.wants_clock and now >= self._next_clock:
+            self._clock_tick()
+            self._next_clock = now + CLOCK_EVERY
         if self.journal is not None:
             self.journal.flush()
         if self.server is not None and self.config.snapshot_dir:
@@ -653,11 +670,21 @@ class ServerNode:
                 log.warning("no ACK from %s for %.0fs: resent a message to it (try %d)", node_name(recver),
                             now - first, tries)
 
+    def _clock_tick(self) -> None:
+        """The lifecycle's clock (ttl_seconds) moves only here, journaled like a request so a replay repeats it."""
+        assert self.server is not None
+        seconds = time.time()
+        if self.journal is not None and not self._replaying:
+            self.journal.append(CLOCK_SENDER, [struct.pack("<d", seconds)])
+        self.server.lifecycle.set_clock(seconds)
+
     def log_stats(self, when: str) -> None:
         if self.server is None:
             return
         for key, s in self.server.stats()["sparse"].items():
-            log.info("stats (%s): key %s rows %d bytes %d", when, key, s["rows"], s["bytes"])
+            log.info("stats (%s): key %s rows %d bytes %d%s", when, key, s["rows"], s["bytes"],
+                     "".join(f" {name} {s[name]}" for name in ("pending", "admitted", "dropped", "evicted")
+                             if name in s))
         log.info("stats (%s): received %d bytes, sent %d bytes", when, self.van.bytes_received, self.van.bytes_sent)
 
     def _send_control(self, node_id: int, msg: Message) -> None:

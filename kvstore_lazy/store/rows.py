@@ -440,10 +440,15 @@ class RowTable:
             self._changed.array[:len(self)] = 0
             self._removed = []
 
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes one row costs in :meth:`nbytes`: its row in every arena plus its id (the buckets aside)."""
+        return sum(a.row_bytes for a in self._all_arenas()) + 8
+
     def nbytes(self) -> int:
         """Bytes in use, exact: ``len`` times the bytes of a row in every arena (weights, states, columns, change
-        flags) plus the index (ids and hash table)."""
-        return len(self) * sum(a.row_bytes for a in self._all_arenas()) + self._index.nbytes()
+        flags) and its id, plus the hash table."""
+        return len(self) * self.row_nbytes + self._index.buckets * self._index._table.itemsize
 
     # -- internals
 
