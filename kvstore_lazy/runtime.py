@@ -151,6 +151,7 @@ class Config:
     journal_max_bytes: int = 256 << 20
     resume: str = "auto"            # what a fresh start loads from snapshot_dir: auto | tagged | latest | none
     lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
+    snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -193,6 +194,7 @@ class Config:
             journal_fsync=flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
+            snapshot_deltas=_env_int(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS),
         )
         try:
             config.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(config.snapshot_dir))
@@ -287,6 +289,7 @@ class ServerNode:
         self._next_clock = 0.0
         self.outbox = Outbox(config.resend_timeout)
         self.journal: journal_mod.Journal | None = None
+        self.chain: checkpoint.SnapshotChain | None = None   # where periodic snapshots go (base or delta)
         self.gate: ResumeGate | None = None
         self._replaying = False
         self._peers: list[membership.Peer] = []
@@ -436,7 +439,7 @@ class ServerNode:
             self._timers()
         self.log_stats("at shutdown")
         if self.config.snapshot_dir:
-            self.save_snapshot()
+            self.save_snapshot(full=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # snapshots
@@ -445,12 +448,17 @@ class ServerNode:
         """No dist_sync round is half-way: every push received so far is applied and answered."""
         return self.server is not None and self.server.quiescent()
 
-    def save_snapshot(self) -> None:
-        """The state now into <dir>/rank<r> (and, with the journal, a fresh journal continuing from it). Call it only
-        when quiescent if the journal is on: pending round merges are not in a snapshot."""
+    def save_snapshot(self, full: bool = False) -> None:
+        """The state now into <dir>/rank<r>: the next delta of its snapshot chain, or (`full`, or as the chain
+        decides) a new base; with the journal, a fresh journal continuing from it. Call it only when quiescent if
+        the journal is on: pending round merges are not in a snapshot."""
         assert self.server is not None
         started = time.monotonic()
-        meta, tables = self.server.snapshot()
+        if self.chain is None:
+            self.chain = checkpoint.SnapshotChain(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
+                                                  self.config.snapshot_deltas)
+        delta = not full and self.chain.next_is_delta()
+        meta, tables = self.server.snapshot(delta=delta)
         new_journal = None
         if self.journal is not None:
             pending = self.outbox.frames()
@@ -463,15 +471,15 @@ class ServerNode:
             self._snapshot_seq = self.journal.seq
         if self.gate is not None and self.gate.active:
             meta["resume_gate"] = self.gate.state()
-        path = checkpoint.write_snapshot(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
-                                         tables, meta)
+        path, size = self.chain.write(meta, tables, delta)
+        self.server.snapshot_written()
         if new_journal is not None:
             self.journal.close()
             self.journal = new_journal
             journal_mod.remove_others(self.config.snapshot_dir, self.server.rank, new_journal.path)
         rows = sum(len(t["row_ids"]) for k, t in tables.items() if t["meta"]["kind"] == "row_sparse")
-        log.info("snapshot written to %s: %d keys, %d rows, %.3fs", path, len(tables), rows,
-                 time.monotonic() - started)
+        log.info("snapshot written to %s (%s): %d keys, %d rows, %d bytes, %.3fs", path, "delta" if delta else "base",
+                 len(tables), rows, size, time.monotonic() - started)
 
     def save_tagged(self, tag) -> None:
         """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
@@ -494,28 +502,27 @@ class ServerNode:
         candidates = {"auto": [base / TAGGED_DIR, base], "tagged": [base / TAGGED_DIR], "latest": [base],
                       "none": []}[choice]
         for directory in candidates:
-            manifest = checkpoint.read_manifest(directory, rank)
-            if manifest is not None:
+            loaded = checkpoint.load_snapshot(directory, rank)
+            if loaded is not None:
                 break
         else:
             log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base, choice)
             return
-        self._restore(directory, manifest)
+        manifest = loaded.manifest
+        self._restore(directory, loaded)
         server_meta = manifest.get("server", {})
         self.gate = ResumeGate(self.server.key_ids(), self.server.optimizer_body)
         log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
                  rank, directory, f" (tag {json.dumps(server_meta.get('tag'))})" if "tag" in server_meta else "",
                  len(manifest["keys"]))
 
-    def _restore(self, directory: Path, manifest: dict) -> None:
+    def _restore(self, directory: Path, loaded: checkpoint.Loaded) -> None:
         assert self.server is not None
-        rank = self.server.rank
+        manifest = loaded.manifest
         if manifest.get("num_servers") != self.server.num_servers:
             raise StartupError(f"snapshot in {directory} was written by {manifest.get('num_servers')} servers, "
                                f"this job has {self.server.num_servers}; restore through a worker checkpoint")
-        tables = {int(k): dict(checkpoint.read_snapshot_key(directory, rank, int(k), info), meta=info)
-                  for k, info in manifest["keys"].items()}
-        self.server.restore(manifest.get("server", {}), tables)
+        self.server.restore(manifest.get("server", {}), loaded.tables)
 
     def _new_journal_epoch(self) -> None:
         """A fresh start with the journal on: a new epoch whose base snapshot is the state now."""
@@ -532,7 +539,8 @@ class ServerNode:
         assert self.server is not None and self.my_id is not None
         started = time.monotonic() if started is None else started
         directory, rank = Path(self.config.snapshot_dir), self.server.rank
-        manifest = checkpoint.read_manifest(directory, rank)
+        loaded = checkpoint.load_snapshot(directory, rank)
+        manifest = loaded.manifest if loaded is not None else None
         info = (manifest or {}).get("server", {}).get("journal")
         if manifest is None or info is None:
             raise StartupError(f"cannot recover rank {rank}: no journaled snapshot in {directory} (the server died "
@@ -542,7 +550,9 @@ class ServerNode:
         contents = journal_mod.read(path)
         if contents is None:
             raise StartupError(f"cannot recover rank {rank}: the snapshot continues in {path}, which is missing")
-        self._restore(directory, manifest)
+        self._restore(directory, loaded)
+        self.chain = checkpoint.SnapshotChain(directory, rank, self.server.num_servers, self.config.snapshot_deltas)
+        self.chain.resume(loaded)      # the next periodic snapshot continues the chain it was loaded from
         gate_state = manifest["server"].get("resume_gate")
         if gate_state:
             self.gate = ResumeGate.from_state(gate_state, self.server.optimizer_body)

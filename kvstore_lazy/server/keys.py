@@ -367,6 +367,7 @@ class RowSparseKey:
 
     def reset_states(self, optimizer: Optimizer) -> None:
         self._table.set_num_states(optimizer.num_states())
+        self._rebuilt = True         # every row's states changed (their number too): snapshot the whole key
 
     # -- rows and optimizer states, for worker checkpoints (state_transfer)
 
