@@ -66,6 +66,15 @@ class KeyModel:
     def push_round(self, ids) -> None:
         """One round (dist_sync) of merged pushes: `ids` are the distinct ids any worker pushed."""
         self.round += 1
+        self._count(ids)
+
+    def push_async_round(self, pushes) -> None:
+        """One round in dist_async: NUM_WORKER pushes (lists of ids), each counted on its own."""
+        self.round += 1
+        for ids in pushes:
+            self._count(ids)
+
+    def _count(self, ids) -> None:
         ids = sorted(set(ids))
         if not self.admits_at_once:     # every id without a row is counted in the pending table first
             fresh = sum(1 for i in ids if i not in self.rows and i not in self.pending)

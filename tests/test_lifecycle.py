@@ -135,6 +135,7 @@ def test_min_count_counts_rounds_drops_gradients_and_pulls_store_nothing():
     assert rows_of(peer) == []                                   # touch mode, but rows wait for admission
     sync_round(peer, (w0, w1), [[3, 4], [4]])                   # round 1: 3 and 4 counted once each
     assert rows_of(peer) == [] and key_stats(peer)["pending"] == 2 and key_stats(peer)["dropped"] == 2
+    assert peer.server.optimizer.update_count(KEY) == 1          # a round without its rows still counts
     np.testing.assert_array_equal(peer.values(w1.rsp_pull(KEY, [4])), initial([4], ROWS, DIM)[0])   # dropped
     sync_round(peer, (w0, w1), [[4], [5]])                       # round 2: 4 admitted, its gradient applied
     assert rows_of(peer) == [4]

@@ -315,9 +315,8 @@ class RowSparseKey:
         row_ids = self.row_ids_of(local_ids)
         if self.policy is not None:
             keep = self.policy.admit(self._table, row_ids)
-            if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped
-                if not keep.any():
-                    return
+            if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
+                # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
                 row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
         slots = self._slots_for(row_ids)
         self._update(slots, values, optimizer)
