@@ -14,8 +14,8 @@ def server_main(argv: list[str] | None = None) -> int:
                     "server (DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
                     "DMLC_NODE_HOST, PS_HEARTBEAT_INTERVAL, PS_RESEND, ...).")
     parser.add_argument("--materialize", choices=["touch", "push"], default=None,
-                        help="when a lazy row is stored: on its first pull or push (touch, default) or only on its "
-                             "first push (pulls of absent rows get computed initial values). "
+                        help="when a lazy row is stored: only on its first push (push, the default: pulls of "
+                             "absent rows get computed initial values) or on its first pull or push (touch). "
                              "Env: KVSTORE_LAZY_MATERIALIZE")
     parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)

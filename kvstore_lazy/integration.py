@@ -12,16 +12,22 @@ In a worker of a dist job (``DMLC_ROLE=worker``) with the switch on:
   (none, or the rows a checkpoint gave). Rows come from the servers as stock MXNet pulls them
   (``row_sparse_data``, ``Module.prepare``);
 - saving parameters (``Block.save_parameters``, ``Module.get_params``/``save_checkpoint``/``save_params``) fetches
-  only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row,
-  and every file is written atomically;
+  only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row;
+  every file is written atomically, with the ``.lazy.json`` sidecar saying how each lazy weight was declared (key
+  id, shape, dtype, initializer, seed: kvstore_lazy.checkpoint), from every save path (``Block.save_parameters``,
+  ``BaseModule.save_params``, ``mx.model.save_checkpoint``);
 - ``Trainer.save_states``/``Module.save_optimizer_states`` save the optimizer states the servers hold (of existing
   rows, and of dense keys) and the update counts; the ``load_*`` counterparts restore them, onto any number of
   servers. Loading is collective, like ``kv.init``: call it on every worker.
-Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not.
+Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not, except that loading a
+checkpoint with a sidecar (:func:`loaded`: ``mx.model.load_checkpoint``, ``BaseModule.load_params``, Gluon
+``load_parameters`` and ``ParameterDict.load``) gives every row of its lazy weights, the absent ones with the values
+the servers computed, so a local job scores the model the dist job evaluated.
 
-Rows a checkpoint does not hold get their initial values from the initializer known when the key is declared: for
-Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the one given to
-``init_params``/``fit`` (else ``Uniform(0.01)``). Restore with the same model and initializer to continue exactly.
+In a dist job, rows a checkpoint does not hold get their initial values from the initializer known when the key is
+declared: for Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the
+one given to ``init_params``/``fit`` (else ``Uniform(0.01)``). Restore with the same model and initializer to
+continue exactly.
 """
 from __future__ import annotations
 
@@ -32,13 +38,12 @@ import os
 import mxnet as mx
 import numpy as np
 
-from . import worker
-from .checkpoint import atomic_write
+from . import checkpoint, worker
 from .initializers import InitializerError, parse_initializer
 
 __all__ = ["param_defer_init", "param_reduce", "trainer_init_param", "trainer_save_states", "trainer_load_states",
            "module_init_params", "module_init_param", "initialize_kvstore_for", "module_fetch_param",
-           "module_save_states", "module_load_states", "module_fit_first_batch", "atomic_save", "seed",
+           "module_save_states", "module_load_states", "module_fit_first_batch", "atomic_save", "loaded", "seed",
            "STATES_FORMAT"]
 
 log = logging.getLogger("kvstore_lazy.integration")
@@ -77,11 +82,74 @@ def _rsp(shape, row_ids, values, dtype):
                                          dtype=dtype)
 
 
-def atomic_save(save_fn):
-    """A ``save_fn(fname, data)`` (mx.nd.save, npx.save) that writes atomically (temp file, fsync, rename)."""
+# ----------------------------------------------------------------------------------------------------------------
+# checkpoint files: written atomically with the sidecar that describes their lazy parameters; read back (outside a
+# dist job) with every row present
+
+_CONFLICT = "conflict"
+# Module parameter name -> the declaration of its lazy key in this process (or _CONFLICT if two Modules declared
+# the name differently): mx.model.save_checkpoint gets only the arrays, not the Module
+_module_specs: dict[str, object] = {}
+
+
+def _remember_module_spec(module, name: str, spec: dict) -> None:
+    module.__dict__.setdefault("_kvstore_lazy_specs", {})[name] = spec
+    known = _module_specs.get(name)
+    _module_specs[name] = spec if known is None or known == spec else _CONFLICT
+
+
+def _lazy_entries(owner, data) -> dict:
+    """Entry name -> declaration, for the lazy parameters among `data` (what a checkpoint's sidecar records)."""
+    if not isinstance(data, dict):
+        return {}
+    if isinstance(owner, dict):   # Block.save_parameters: file name -> Parameter
+        specs = {name: getattr(param, "_kvstore_lazy_spec", None) for name, param in owner.items()}
+    else:                         # Module checkpoints: arg:NAME
+        known = owner.__dict__.get("_kvstore_lazy_specs", {}) if owner is not None else _module_specs
+        specs = {f"arg:{name}": spec for name, spec in known.items()}
+    found = {}
+    for name, spec in specs.items():
+        value = data.get(name)
+        if spec is None or value is None or getattr(value, "stype", "") != "row_sparse":
+            continue
+        if spec is _CONFLICT:
+            raise ValueError(f"kvstore_lazy: two Modules of this process declared {name[4:]!r} with different "
+                             f"shapes or initializers; save it with that Module's save_checkpoint")
+        found[name] = spec
+    return found
+
+
+def atomic_save(save_fn, owner=None):
+    """A ``save_fn(fname, data)`` (mx.nd.save, npx.save) that writes atomically (temp file, fsync, rename), with
+    the sidecar describing the lazy parameters among `data` (kvstore_lazy.checkpoint). `owner` knows which they
+    are: the dict of Parameters ``Block.save_parameters`` saves, the Module of ``save_checkpoint``, or None for
+    ``mx.model.save_checkpoint`` (the Module parameters this process declared, by name)."""
     def save(fname, data):
-        worker.save_ndarrays(fname, data, save_fn=save_fn)
+        worker.save_ndarrays(fname, data, save_fn=save_fn, lazy=_lazy_entries(owner, data))
     return save
+
+
+def loaded(fname, arrays):
+    """What ``mx.nd.load(fname)`` returned, as the patched loaders (``mx.model.load_checkpoint``,
+    ``Module.load_params``, Gluon ``load_parameters``, ``ParameterDict.load``) hand it on. Outside a dist worker each
+    lazy parameter of a checkpoint with a sidecar gets every row, the absent ones with the initial values the servers
+    computed for them, so scoring the loaded model reproduces what the job evaluated. In a dist worker the arrays
+    stay as saved: a restore ships only the stored rows and the servers recompute the others on demand."""
+    if _in_dist_worker() or not isinstance(arrays, dict):
+        return arrays
+    params = checkpoint.lazy_params(fname)
+    if not params:
+        return arrays
+    out = dict(arrays)
+    for name, spec in params.items():
+        value = arrays[name]
+        all_ids = np.arange(spec["rows"], dtype=np.int64)
+        full = checkpoint.lazy_rows(spec, all_ids, value.indices.asnumpy().astype(np.int64), value.data.asnumpy())
+        out[name] = mx.nd.sparse.row_sparse_array((full, all_ids), shape=value.shape, dtype=value.dtype,
+                                                  ctx=value.context)
+        log.info("%s: %s rebuilt with all %d rows (%d stored, the rest initial values)", fname, name, spec["rows"],
+                 value.indices.shape[0])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -102,7 +170,7 @@ def _save_states(kv, fname: str, params) -> None:
         for j, state in enumerate(got["states"]):
             arrays[f"{name}:state{j}"] = state
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    atomic_write(fname, lambda fh: np.savez(fh, **arrays))
+    checkpoint.atomic_write(fname, lambda fh: np.savez(fh, **arrays))
 
 
 def _read_states(fname: str) -> dict:
@@ -205,6 +273,7 @@ def trainer_init_param(trainer, param, idx, data) -> bool:
         _materialize_gluon(param)
         return False
     worker.declare(kv, idx, param.shape, np.dtype(param.dtype).name, _gluon_dumps(param), seed())
+    param._kvstore_lazy_spec = worker.declared(kv, idx)
     kv.init(idx, data)
     return True
 
@@ -328,6 +397,7 @@ def initialize_kvstore_for(module):
             if value.stype == "row_sparse":
                 worker.declare(kvstore, name, value.shape, np.dtype(value.dtype).name, _module_key_dumps(module, name),
                                seed())
+                _remember_module_spec(module, name, worker.declared(kvstore, name))
                 kvstore.init(name, value)
             else:
                 kvstore.broadcast(name, value, out=param_on_devs)

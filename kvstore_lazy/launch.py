@@ -37,6 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .envvars import c_atoi
+
 STOCK_NODE = [sys.executable, "-c", "import mxnet"]
 LAZY_SERVER = [sys.executable, "-m", "kvstore_lazy.server"]
 POLL = 0.05
@@ -50,6 +52,7 @@ PASS_ENV = ["OMP_NUM_THREADS", "KMP_AFFINITY", "LD_LIBRARY_PATH", "DMLC_INTERFAC
 PASS_PREFIXES = ("PS_", "MXNET_", "KVSTORE_LAZY_")
 SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-tt"]
+
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -604,18 +607,6 @@ class Job:
 LocalJob = Job   # the name of the first version (scripts/demo.py)
 
 
-def _atoi(text: str) -> int:
-    """C atoi, as ps-lite reads its variables ("true" is 0)."""
-    text = text.strip()
-    end = 1 if text[:1] in ("+", "-") else 0
-    while end < len(text) and text[end].isdigit():
-        end += 1
-    try:
-        return int(text[:end])
-    except ValueError:
-        return 0
-
-
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -717,7 +708,7 @@ def job_from_args(args, out=sys.stdout) -> Job:
         for name, value in (("PS_RESEND", "1"), ("PS_RESEND_TIMEOUT", RESEND_TIMEOUT_MS)):
             if name not in env and name not in os.environ:
                 env[name] = value
-        if _atoi(env.get("PS_RESEND") or os.environ.get("PS_RESEND", "0")) == 0:
+        if c_atoi(env.get("PS_RESEND") or os.environ.get("PS_RESEND", "0")) == 0:
             raise LaunchError("--restart-servers needs PS_RESEND=1 on every node (it is how workers re-send what "
                               "died with a server)")
     if args.launcher == "local":

@@ -139,7 +139,7 @@ class Config:
     resend_timeout: float = 1.0
     water_mark: int = 0
     verbose: int = 0
-    materialize: str = "touch"
+    materialize: str = "push"
     stats_interval: float = 60.0
     is_recovery: bool = False
     recovery: str = ""              # "" (a fresh start), "rejoin" or "register"
@@ -183,7 +183,7 @@ class Config:
             resend_timeout=_env_int(env, "PS_RESEND_TIMEOUT", 1000) / 1000.0,
             water_mark=_env_int(env, "DMLC_PS_WATER_MARK", 0),
             verbose=_env_int(env, "PS_VERBOSE", 0),
-            materialize=env.get("KVSTORE_LAZY_MATERIALIZE", "touch"),
+            materialize=env.get("KVSTORE_LAZY_MATERIALIZE", "push"),
             stats_interval=float(env.get("KVSTORE_LAZY_STATS_INTERVAL", "60") or 60),
             is_recovery=bool(recovery),
             recovery=recovery,

@@ -2,7 +2,8 @@
 
 Owns: the LAZY_DECLARE command a worker sends before ``kv.init``, and an ``kv.init`` that ships no rows; reading
 the rows that exist and the optimizer states (:func:`fetch_rows`, :func:`fetch_states`) and writing states back
-(:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save``. It uses only what a
+(:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save`` of checkpoints with
+their sidecar (what each lazy key was declared with: :func:`declared`, ``kvstore_lazy.checkpoint``). It uses only what a
 stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``, pushes and pulls), so mxnet needs no
 rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet.
 
@@ -21,15 +22,18 @@ import weakref
 import mxnet as mx
 import numpy as np
 
+from . import checkpoint
 from .protocol import mxnet as proto
 from .protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
 
-__all__ = ["init_lazy", "declare", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
+__all__ = ["init_lazy", "declare", "declared", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
            "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
 
 _str_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, list[str]]" = weakref.WeakKeyDictionary()
 # per KVStore: virtual key -> the key to use for it (itself on an int-key KVStore, an alias name on a string-key one)
 _virtual_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, dict[int, object]]" = weakref.WeakKeyDictionary()
+# per KVStore: key id -> the declaration this process sent for it (what a checkpoint's sidecar records)
+_declarations: "weakref.WeakKeyDictionary[mx.kv.KVStore, dict[int, dict]]" = weakref.WeakKeyDictionary()
 
 
 def track(kv: "mx.kv.KVStore") -> None:
@@ -96,8 +100,20 @@ def declare(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: i
     Stock servers ignore the command. Every worker may send it; servers accept identical declarations.
     """
     kid = key_id(kv, key)
-    kv._send_command_to_servers(proto.LAZY_DECLARE, lazy_spec_body(kid, shape, dtype, init, seed, **policy).decode())
+    body = lazy_spec_body(kid, shape, dtype, init, seed, **policy)
+    kv._send_command_to_servers(proto.LAZY_DECLARE, body.decode())
+    _declarations.setdefault(kv, {})[kid] = checkpoint.lazy_spec(json.loads(body))
     return kid
+
+
+def declared(kv: "mx.kv.KVStore", key) -> dict:
+    """The declaration this process sent for lazy key `key` (:func:`declare`, :func:`init_lazy`): its key id, full
+    shape, dtype, initializer and seed, as a checkpoint's sidecar records them (``save_rows(..., specs=...)``)."""
+    kid = key_id(kv, key)
+    try:
+        return dict(_declarations[kv][kid])
+    except KeyError:
+        raise KeyError(f"key {key!r} (id {kid}) was not declared lazy on this KVStore") from None
 
 
 def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0, *,
@@ -366,33 +382,33 @@ def restore_states(kv: "mx.kv.KVStore", key, shape, saved: dict) -> None:
          "num_update": [int(c) for c in saved.get("num_update", [])]}))
 
 
-def save_ndarrays(path: str, arrays: dict, save_fn=None) -> None:
+def save_ndarrays(path: str, arrays: dict, save_fn=None, lazy: dict | None = None) -> None:
     """``mx.nd.save(path, arrays)`` (or ``save_fn(path, arrays)``), atomically: written beside `path`, fsynced,
-    renamed over it, so a crash mid-save leaves the previous file intact."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    renamed over it, so a crash mid-save leaves the previous file intact. `lazy` (entry name -> declaration, as
+    :func:`declared` returns it) writes the checkpoint's sidecar with it (kvstore_lazy.checkpoint); ``{}`` removes
+    a stale one."""
+    with checkpoint.atomic_path(path, lazy) as tmp:
         (save_fn or mx.nd.save)(tmp, arrays)
-        _fsync(tmp)
-        os.replace(tmp, path)
-        _fsync(directory)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
-def _fsync(path: str) -> None:
-    from .checkpoint import fsync_path
-    fsync_path(path)
-
-
-def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:
+def save_rows(path: str, arrays: dict, prefix: str = "arg:", specs: dict | None = None) -> None:
     """Atomically ``mx.nd.save`` RowSparseNDArrays holding only the given rows.
 
     `arrays` maps a name to ``(shape, row_ids, values)`` (a RowSparseNDArray) or to an NDArray (saved as is). Names
-    get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. The file is written
-    beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file intact.
+    get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. `specs` maps a name of
+    `arrays` to the declaration of its lazy key (``declared(kv, key)``): the checkpoint's sidecar then says how to
+    rebuild the rows the file does not hold (``python -m kvstore_lazy.checkpoint densify``, the patched loaders).
+    The file is written beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file.
     """
+    for name, spec in (specs or {}).items():
+        value = arrays.get(name)
+        shape = value[0] if isinstance(value, tuple) else getattr(value, "shape", None)
+        want = (int(spec["rows"]),) + tuple(int(d) for d in spec["row_shape"])
+        stype = "row_sparse" if isinstance(value, tuple) else getattr(value, "stype", "default")
+        if value is None or tuple(int(d) for d in shape) != want or stype != "row_sparse":
+            got = "missing" if value is None else f"{stype} of shape {tuple(shape)}"
+            raise ValueError(f"save_rows: specs[{name!r}] describes a row_sparse array of shape {want}, but "
+                             f"arrays[{name!r}] is {got}")
     nd = {}
     for name, value in arrays.items():
         if isinstance(value, tuple):
@@ -402,21 +418,4 @@ def save_rows(path: str, arrays: dict, prefix: str = "arg:") -> None:
                 (values, np.asarray(row_ids, np.int64)), shape=tuple(shape), dtype=values.dtype)
         else:
             nd[prefix + name] = value
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        mx.nd.save(tmp, nd)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    save_ndarrays(path, nd, lazy={prefix + name: spec for name, spec in (specs or {}).items()})

@@ -8,8 +8,8 @@ Sparse parts go through the kvstore directly: per batch ``kv.row_sparse_pull`` o
 backward with mx.autograd on the gathered rows, and ``kv.push`` of the row gradients (summed per unique id by the
 backward of ``take``). The server optimizer is the Trainer's (update_on_kvstore), set before any sparse key exists.
 
---server lazy: keys are declared with ``kvstore_lazy.worker.init_lazy`` (no rows shipped; servers create a row when
-  a worker first touches it, with the initializer's value for (seed, key, row)).
+--server lazy: keys are declared with ``kvstore_lazy.worker.init_lazy`` (no rows shipped; servers store a row once a
+  worker pushes it, starting from the initializer's value for (seed, key, row), which a pull of an absent row gets).
 --server stock: rank 0 ``kv.init``s every key with its full weight (what a stock server needs), built from the same
   deterministic initializer, so both runs start from identical values and see identical data.
 
@@ -293,7 +293,12 @@ if rank == 0:
                 ids, vals = pull_rows(key, shape, union[j % F])
                 tables[name] = (shape, ids, vals)
         tables.update(dense)
-        if save_rows is not None:
+        declared = getattr(lazy_worker, "declared", None)
+        if save_rows is not None and declared is not None:
+            # with the sidecar saying how each absent row is computed (python -m kvstore_lazy.checkpoint densify)
+            save_rows(ckpt_path, tables, specs={name: declared(kv, key) for name, key, _, _ in SPARSE})
+            method += " + kvstore_lazy.worker.save_rows (with its .lazy.json sidecar)"
+        elif save_rows is not None:
             save_rows(ckpt_path, tables)
             method += " + kvstore_lazy.worker.save_rows"
         else:

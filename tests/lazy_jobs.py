@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 
 from cluster import Job, JobHung
+from kvstore_lazy import checkpoint as lazy_checkpoint
 from common import load
 from mxnet_copy import job_env
 
@@ -86,6 +87,19 @@ def assert_same_checkpoint(a: dict, b: dict, atol: float = 1e-6) -> None:
             np.testing.assert_allclose(a[name][1], b[name][1], rtol=0, atol=atol, err_msg=name)
         else:
             np.testing.assert_allclose(a[name], b[name], rtol=0, atol=atol, err_msg=name)
+
+
+def stored_rows(snap_dir, servers: int, key: int) -> np.ndarray:
+    """Global row ids (sorted, uint64) of `key` stored on all servers, from the snapshots they write at shutdown
+    (KVSTORE_LAZY_SNAPSHOT_DIR=snap_dir)."""
+    ids = []
+    for rank in range(servers):
+        info = lazy_checkpoint.read_manifest(snap_dir, rank)["keys"].get(str(key))
+        if info is not None:
+            ids.append(lazy_checkpoint.read_snapshot_key(snap_dir, rank, key, info)["row_ids"])
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+    assert len(np.unique(ids)) == len(ids), "a row is stored on two servers"
+    return np.sort(ids).astype(np.uint64)
 
 
 def seen(results: list[dict], key: str) -> np.ndarray:

@@ -4,13 +4,18 @@ checkpoints). The worker script is plain Gluon (tests/workers/gluon_lazy.py); th
 (tests/mxnet_copy.py), never the shared venv.
 """
 import os
+import subprocess
 
+import mxnet as mx
 import numpy as np
 import pytest
 
 import lazy_scenarios as scenarios
+from cluster import PYTHON, ROOT
+from kvstore_lazy import checkpoint as lazy_checkpoint
 from lazy_jobs import LAZY, PATCHED_OFF, STOCK, assert_same_checkpoint, checkpoint
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
+from mxnet_copy import job_env
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +54,50 @@ def test_report_scenario_checkpoint_holds_only_seen_rows_and_training_matches_st
     for rank in range(2):
         for step in range(6):
             np.testing.assert_allclose(lazy[rank][f"loss_{step}"], stock[rank][f"loss_{step}"], rtol=0, atol=1e-6)
+    check_saved_parameters(tmp_path / f"{LAZY}.params", ckpt, stock_ckpt, patched, tmp_path)
+
+
+def check_saved_parameters(path, ckpt: dict, stock_ckpt: dict, copy, tmp_path) -> None:
+    """What save_parameters wrote beside the file (issue 12) and who can read it: the sidecar names both embeddings
+    with the Trainer's keys and their initializer; stock Gluon load_parameters (this process: stock mxnet) loads the
+    file without ignore_extra; the patched load_parameters in a local process rebuilds every row (absent ones with
+    their initial value, Constant(0.05) here, where stock loads zeros); densify writes exactly what the stock run
+    saved."""
+    params = lazy_checkpoint.lazy_params(path)
+    init = mx.init.Constant(0.05).dumps()
+    assert {name: (p["key"], p["rows"], p["row_shape"], p["init"], p["seed"]) for name, p in params.items()} == {
+        "cat.weight": (0, 100000, [8], init, 0), "ids.weight": (5, 100000, [8], init, 0)}   # the Trainer's index:
+    # its parameters in name order (net_cat_weight, net_fc1_bias, net_fc1_weight, net_fc2_*, net_ids_weight)
+
+    class Net(mx.gluon.Block):   # the structure of tests/workers/gluon_lazy.py's Net
+        def __init__(self):
+            super().__init__(prefix="net_")
+            with self.name_scope():
+                self.cat = mx.gluon.contrib.nn.SparseEmbedding(100000, 8, prefix="cat_")
+                self.ids = mx.gluon.contrib.nn.SparseEmbedding(100000, 8, prefix="ids_")
+                self.fc1 = mx.gluon.nn.Dense(16, in_units=16, prefix="fc1_")
+                self.fc2 = mx.gluon.nn.Dense(1, in_units=16, prefix="fc2_")
+
+    stock_net = Net()
+    stock_net.load_parameters(str(path))
+    np.testing.assert_array_equal(stock_net.cat.weight._data[0].indices.asnumpy(), scenarios.CATEGORIES)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "KVSTORE_LAZY"))}
+    env.update(job_env(copy, lazy=True))
+    out = tmp_path / "local-load.npz"
+    done = subprocess.run([PYTHON, str(ROOT / "tests" / "workers" / "gluon_lazy.py"), "--out", str(out),
+                           "--constant-init", "--input-dim", "100000", "--local-load", str(path)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with np.load(out) as local:
+        for name in ("cat.weight", "ids.weight"):
+            rows, values = ckpt[name]
+            np.testing.assert_array_equal(local[f"indices_{name}"], np.arange(100000))
+            np.testing.assert_array_equal(local[f"data_{name}"][rows], values)
+            assert np.all(np.delete(local[f"data_{name}"], rows, axis=0) == np.float32(0.05))
+
+    lazy_checkpoint.densify(path, tmp_path / "dense.params")
+    assert_same_checkpoint(checkpoint(str(tmp_path / "dense.params")), stock_ckpt, atol=0)
 
 
 def test_worker_memory_does_not_grow_with_input_dim(job_factory, patched, tmp_path):

@@ -1,7 +1,8 @@
 """The dependency direction of the package, read from the source (every import, at any depth of the file).
 
 protocol and store import nothing of the project; initializers, optimizers and compression only the store's
-kernels; server imports protocol/store/initializers/optimizers/compression but no zmq, no transport or membership;
+kernels; checkpoint only ndfile (MXNet's NDArray files, numpy only) and initializers (to rebuild absent rows);
+server imports protocol/store/initializers/optimizers/compression but no zmq, no transport or membership;
 only the runtime wires transport, membership and server together; only worker and integration import mxnet.
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ ALLOWED = {
     "kvstore_lazy.transport": {"kvstore_lazy.protocol"},
     "kvstore_lazy.membership": {"kvstore_lazy.protocol"},
     "kvstore_lazy.journal": {"kvstore_lazy.protocol", "kvstore_lazy.checkpoint"},
-    "kvstore_lazy.checkpoint": set(),
+    "kvstore_lazy.checkpoint": {"kvstore_lazy.ndfile", "kvstore_lazy.initializers"},   # sidecars and densify
+    "kvstore_lazy.ndfile": set(),
 }
 ONLY = {   # third-party module -> the only project modules that may import it
     "zmq": {"kvstore_lazy.transport"},

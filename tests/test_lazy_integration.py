@@ -2,8 +2,9 @@
 
 - the init push of a lazy (10_000_000, 32) key ships no rows (bytes the worker's TCP sockets sent during kv.init), next to the
   stock server initialising the same key in the same test;
-- the rows stored across all servers are exactly the rows touched, and pulled values before any update equal the
-  initializer's function of (seed, key, row), whatever the number of servers and the pull order;
+- the rows stored across all servers are exactly the rows trained (the default policy, push; with touch, the rows
+  pulled or pushed), and pulled values before any update equal the initializer's function of (seed, key, row),
+  whatever the number of servers and the pull order;
 - with rows given explicitly at init, training matches the stock server on every row;
 - a pull of a row beyond input_dim makes the worker fail loudly, the server logs it and stays up.
 """
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from common import load
+from lazy_jobs import stored_rows as snapshot_rows
 from kvstore_lazy import checkpoint
 from kvstore_lazy.initializers import parse_initializer
 
@@ -35,35 +37,32 @@ def run(job_factory, name, server, servers, args, mode="dist_sync", bound=1000, 
 
 def stored_rows(job, servers, key):
     """Global row ids stored on all servers, from the snapshots they write at shutdown."""
-    ids = []
-    for rank in range(servers):
-        manifest = checkpoint.read_manifest(job.tmp / "snap", rank)
-        info = manifest["keys"].get(str(key))
-        if info is not None:
-            ids.append(checkpoint.read_snapshot_key(job.tmp / "snap", rank, key, info)["row_ids"])
-    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
-    assert len(np.unique(ids)) == len(ids), "a row is stored on two servers"
-    return np.sort(ids)
+    return snapshot_rows(job.tmp / "snap", servers, key)
 
 
 def expected_rows(ids, rows, dim, seed=42, key=3, init=UNIFORM):
     return parse_initializer(init).rows(seed, key, np.asarray(ids, np.uint64), (rows, dim), np.float32)
 
 
-@pytest.mark.parametrize("servers,bound", [(1, 1000), (2, 1000), (2, 10 ** 9)],
-                         ids=["1server", "2servers-partitioned", "2servers-unpartitioned"])
-def test_lazy_init_ships_no_rows_and_stores_only_touched(job_factory, servers, bound):
+@pytest.mark.parametrize("servers,bound,materialize", [(1, 1000, "touch"), (2, 1000, None), (2, 10 ** 9, None)],
+                         ids=["1server-touch", "2servers-partitioned", "2servers-unpartitioned"])
+def test_lazy_init_ships_no_rows_and_stores_only_trained(job_factory, servers, bound, materialize):
     rows, dim = 10_000_000, 32
     res, job = run(job_factory, "lazy", "lazy", servers,
                    ["--init", "lazy", "--rows", str(rows), "--dim", str(dim), "--optimizer", "sgd",
-                    "--shuffle-pulls"], bound=bound)
+                    "--shuffle-pulls"], bound=bound,
+                   server_env={"KVSTORE_LAZY_MATERIALIZE": materialize} if materialize else None)
     # rank 0 pushed the init: no rows, only master keys and the declaration command
     assert res[0]["init_bytes"] < 4096, res[0]["init_bytes"]
     # before any update every worker saw the initializer's values, in any pull order
     for r in range(2):
         np.testing.assert_array_equal(res[r]["probe_vals"], expected_rows(res[r]["probe_ids"], rows, dim))
-    touched = np.unique(np.concatenate([res[r]["touched"] for r in range(2)])).astype(np.uint64)
-    np.testing.assert_array_equal(stored_rows(job, servers, 3), touched)
+    # push (the default): the probe rows pulled and never pushed are not stored; touch: every row pulled is
+    stored = "touched" if materialize == "touch" else "trained"
+    want = np.unique(np.concatenate([res[r][stored] for r in range(2)])).astype(np.uint64)
+    np.testing.assert_array_equal(stored_rows(job, servers, 3), want)
+    if materialize is None:
+        assert len(want) < len(np.unique(np.concatenate([res[r]["touched"] for r in range(2)])))
     # training moved the rows
     assert not np.allclose(res[0]["final_vals"], expected_rows(res[0]["final_ids"], rows, dim))
 
@@ -118,12 +117,13 @@ def test_fetch_rows_returns_exactly_the_stored_rows_and_checkpoint_loads(job_fac
     res, job = run(job_factory, "fetch", "lazy", 2,
                    ["--init", "lazy", "--rows", str(rows), "--dim", str(dim), "--optimizer", "adam", "--fetch"])
     r0 = res[0]
-    touched = np.unique(np.concatenate([res[r]["touched"] for r in range(2)]))
-    np.testing.assert_array_equal(r0["fetched_ids"], touched)
-    np.testing.assert_array_equal(stored_rows(job, 2, 3), touched.astype(np.uint64))
-    # values: what rank 0 pulled at the end for its own rows
-    pos = np.searchsorted(r0["fetched_ids"], r0["final_ids"])
-    np.testing.assert_array_equal(r0["fetched_vals"][pos], r0["final_vals"])
+    trained = np.unique(np.concatenate([res[r]["trained"] for r in range(2)]))   # the rows that exist (push policy)
+    np.testing.assert_array_equal(r0["fetched_ids"], trained)
+    np.testing.assert_array_equal(stored_rows(job, 2, 3), trained.astype(np.uint64))
+    # values: what rank 0 pulled at the end for the rows it used that exist
+    mine = np.isin(r0["final_ids"], trained)
+    pos = np.searchsorted(r0["fetched_ids"], r0["final_ids"][mine])
+    np.testing.assert_array_equal(r0["fetched_vals"][pos], r0["final_vals"][mine])
     # Adam keeps two states per row; they equal the servers' snapshot
     assert int(r0["fetched_num_states"]) == 2
     snap_states = {}
@@ -132,8 +132,11 @@ def test_fetch_rows_returns_exactly_the_stored_rows_and_checkpoint_loads(job_fac
         part = checkpoint.read_snapshot_key(job.tmp / "snap", rank, 3, info)
         for i, row in enumerate(part["row_ids"].tolist()):
             snap_states[row] = part["states"][0][i]
-    np.testing.assert_array_equal(r0["fetched_state0"], np.stack([snap_states[i] for i in touched.tolist()]))
-    # the checkpoint mx.nd.load reads holds exactly those rows
+    np.testing.assert_array_equal(r0["fetched_state0"], np.stack([snap_states[i] for i in trained.tolist()]))
+    # the checkpoint mx.nd.load reads holds exactly those rows, and its sidecar what init_lazy declared
     assert str(r0["loaded_stype"]) == "row_sparse"
-    np.testing.assert_array_equal(r0["loaded_indices"], touched)
+    np.testing.assert_array_equal(r0["loaded_indices"], trained)
     np.testing.assert_array_equal(r0["loaded_data"], r0["fetched_vals"])
+    assert checkpoint.lazy_params(job.tmp / "res.params") == {
+        "arg:embed_weight": {"key": 3, "rows": rows, "row_shape": [dim], "dtype": "float32", "init": UNIFORM,
+                             "seed": 42}}

@@ -13,7 +13,7 @@ import pytest
 import lifecycle_model as lm
 from fakepeer import WORKER0, WORKER1, Requests
 from kvstore_lazy.protocol import mxnet as proto
-from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
 from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.server.lifecycle import Policy, Settings, admission_coin, parse_bytes
 from kvstore_lazy.worker import lazy_spec_body
@@ -24,8 +24,9 @@ UNIFORM = '["uniform", {"scale": 0.07}]'
 
 
 def server(num_workers=2, sync=True, settings=None, optimizer=("sgd", {"learning_rate": 0.1, "momentum": 0.9}),
-           **policy):
-    peer = Peer(KVServer(0, 1, num_workers, lifecycle=settings))
+           materialize=MATERIALIZE_ON_TOUCH, **policy):
+    """A server with one lazy key (KEY) with `policy`; pulls create rows (touch) unless a policy says otherwise."""
+    peer = Peer(KVServer(0, 1, num_workers, materialize=materialize, lifecycle=settings))
     workers = [Requests(WORKER0), Requests(WORKER1)][:num_workers]
     if sync:
         peer.ok(workers[0].command(proto.SYNC_MODE))

@@ -66,8 +66,8 @@ def predict(keys, mode, steps=STEPS, part=None, budget=0):
         for key in sorted(keys):
             model = models[key]
             pushes = [[i for i in ids_for(key, r, step, ROWS, BATCH).tolist() if lo <= i < hi] for r in range(2)]
-            for ids in pushes:
-                model.pull(ids)
+            for ids in pushes:       # (the servers' default materialization, push: pulls create no rows)
+                model.pull(ids, touch=False)
             if mode == "dist_sync":
                 model.push_round(pushes[0] + pushes[1])
             else:

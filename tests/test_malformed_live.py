@@ -181,8 +181,6 @@ def bad_requests(w: FakeWorker) -> dict[str, tuple[list[bytes], Meta]]:
         data=[key_bytes(5, 5 + 4), b""])
     add("wrong-dtype-pull", proto.command_code(proto.DEFAULT, 2), push=False, pull=True, data=[key_bytes(3), b""])
     add("pull-never-initialized", push=False, pull=True, data=[key_bytes(9), b""])
-    # an empty meta frame decodes to an all-defaults meta: a (bad) data request with timestamp kEmpty
-    out["empty-meta"] = ([b""], Message.from_frames([b"ps9", b""]).meta)
     return out
 
 
@@ -213,6 +211,11 @@ def test_malformed_frames_do_not_hurt_the_server(live):
         w.expect_nothing(0.05)
         check_values(w)                                      # the next reply is the valid request's own
         assert live.alive(), name
+    # an empty meta frame decodes to an all-defaults meta, whose request flag is 0: a reply, which is never served
+    assert not Message.from_frames([b"ps9", b""]).meta.request
+    w.send_frames([b""])
+    w.expect_nothing(0.05)
+    check_values(w)
     bad = bad_requests(w)
     for name, (frames, meta) in bad.items():
         w.send_frames(frames)
@@ -230,6 +233,7 @@ def test_malformed_frames_do_not_hurt_the_server(live):
     log = live.log()
     assert log.count("dropping a malformed message") == 2 * len(undecodable)
     assert log.count("bad request from worker 0 (node 9)") == 4 * len(bad)
+    assert log.count("dropping a reply from worker 0 (node 9)") == 1
     assert "Traceback" not in log
 
 

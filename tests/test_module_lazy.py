@@ -4,12 +4,14 @@ onto 1 or 2 servers equals an uninterrupted run (issue: workers and checkpoints)
 also covers reading rows and states through string-named virtual keys. The worker script is plain Module code
 (tests/workers/module_lazy.py); the patched mxnet is a private copy (tests/mxnet_copy.py).
 """
+import mxnet as mx
 import numpy as np
 import pytest
 
 import lazy_scenarios as scenarios
 from lazy_jobs import LAZY, PATCHED_OFF, STOCK, assert_same_checkpoint, checkpoint
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
+from kvstore_lazy.checkpoint import lazy_params
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +37,13 @@ def test_report_scenario_checkpoint_holds_only_seen_rows_and_training_matches_st
         scenarios.assert_holds_fed_rows(lazy, "arg:cat_weight", "arg:ids_weight", res[LAZY])
         np.testing.assert_array_equal(stock["arg:cat_weight"][0], np.arange(100000))
         scenarios.assert_lazy_matches_stock(lazy, stock, 100000, f" epoch {epoch}")
+    # every checkpoint, from mx.callback.do_checkpoint (mx.model.save_checkpoint) and from Module.save_checkpoint,
+    # has the sidecar naming both lazy weights (issue 12); the stock runs' have none
+    for epoch in (1, 2, 3):
+        specs = lazy_params(tmp_path / f"{LAZY}-{epoch:04d}.params")
+        assert {name: (p["rows"], p["row_shape"], p["init"]) for name, p in specs.items()} == {
+            name: (100000, [8], mx.init.Constant(0.05).dumps()) for name in ("arg:cat_weight", "arg:ids_weight")}
+        assert lazy_params(tmp_path / f"{STOCK}-{epoch:04d}.params") is None
     # save_checkpoint(save_optimizer_states=True) wrote the servers' states beside the parameters
     with np.load(tmp_path / f"{LAZY}-0003.states") as states:
         np.testing.assert_array_equal(states["cat_weight:row_ids"], scenarios.CATEGORIES)

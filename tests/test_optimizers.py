@@ -226,7 +226,7 @@ def test_bookkeeping_matches_mxnet():
         ref._update_count(key)
         lr, wd = ref._get_lr(key), ref._get_wd(key)
         ours.update(key, w, g, [])
-        assert ours._index_update_count == ref._index_update_count
+        assert ours.update_counts() == ref._index_update_count
         assert ours.num_update == ref.num_update
         assert ours.lr_scheduler.base_lr == ref.lr_scheduler.base_lr
         assert (ours._get_lr(key), ours._get_wd(key)) == (lr, wd)

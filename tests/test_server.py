@@ -37,7 +37,7 @@ from kvstore_lazy.protocol import ProtocolError
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, decode_kv, identity_of
 from kvstore_lazy.protocol.pbmeta import EMPTY
-from kvstore_lazy.server.core import MATERIALIZE_ON_PUSH, KVServer
+from kvstore_lazy.server.core import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH, KVServer
 from kvstore_lazy.worker import lazy_spec_body
 
 SERVER_ID = 8
@@ -272,7 +272,7 @@ def initial(ids, rows, dim, key=7, seed=42, init=UNIFORM, dtype=np.float32):
 
 def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch):
     monkeypatch.delenv("MXNET_KVSTORE_BIGARRAY_BOUND", raising=False)
-    peer, w0, w1 = rsp_server(optimizer=optimizer_body("test", rescale_grad=1.0))
+    peer, w0, w1 = rsp_server(optimizer=optimizer_body("test", rescale_grad=1.0), materialize=MATERIALIZE_ON_TOUCH)
     declare(peer, w0, 7, 1000, (4,))
     declare(peer, w1, 7, 1000, (4,))                            # every worker may declare: identical is fine
     reply = peer.ok(w0.rsp_push(7, [], np.zeros((0, 4))))       # kv.init of an empty rsp: master key only
@@ -287,9 +287,10 @@ def test_lazy_declare_empty_init_then_pull_gives_initializer_values(monkeypatch)
 
 
 def test_lazy_materialize_push_pull_stores_nothing(monkeypatch):
+    """The default policy (issue 12): rows exist only once trained."""
     monkeypatch.delenv("MXNET_KVSTORE_BIGARRAY_BOUND", raising=False)
-    peer, w0, _ = rsp_server(num_workers=1, optimizer=optimizer_body("test", rescale_grad=1.0),
-                             materialize=MATERIALIZE_ON_PUSH)
+    peer, w0, _ = rsp_server(num_workers=1, optimizer=optimizer_body("test", rescale_grad=1.0))
+    assert peer.server.materialize == MATERIALIZE_ON_PUSH
     declare(peer, w0, 7, 50, (2, 3))                            # row shape (2, 3): 6 elements a row
     peer.ok(w0.rsp_push(7, [], np.zeros((0, 6))))
     got = peer.values(w0.rsp_pull(7, [0, 10, 49])).reshape(3, 6)
@@ -317,7 +318,7 @@ def test_lazy_partitioned_key_uses_global_row_ids_on_server_rank_1(monkeypatch, 
     np.testing.assert_array_equal(got, initial([6, 10], rows, dim))
     peer.ok(w0.rsp_push(7, [2], f32(1, 1, 1)))
     np.testing.assert_array_equal(peer.values(w0.rsp_pull(7, [2])), initial([8], rows, dim)[0] + 1)
-    assert row_ids(peer.server, 7) == [6, 8, 10]
+    assert row_ids(peer.server, 7) == [8]   # global ids; pulls store nothing (push policy)
     caplog.clear()
     reply = peer.call(w0.rsp_pull(7, [5]), good=False)         # local row 5 = global row 11: out of range
     assert decode_kv(reply.data).vals == b""
@@ -506,6 +507,10 @@ BAD = {
     "unsorted-row-ids-pull": (lambda r: r.rsp_pull(5, [3, 1]), 5),
     "unsorted-row-ids-push": (lambda r: r.rsp_push(5, [3, 1], f32(1, 1, 1, 1)), 5),
     "row-key-below-master": (lambda r: r.kv(RSP, [5, 4], b"", push=False, pull=True), 5),
+    # row ids past int64 (a 64-bit row key decoded to a negative int64 would pass a range check)
+    "row-id-2^63-pull": (lambda r: r.kv(RSP, [5, 5 + 2 ** 63], b"", push=False, pull=True), 5),
+    "row-id-near-2^64-pull": (lambda r: r.kv(RSP, [5, 2 ** 64 - 1], b"", push=False, pull=True), 5),
+    "lazy-row-id-2^63-push": (lambda r: r.kv(RSP, [7, 7 + 2 ** 63 + 7], f32(1, 1).tobytes(), [0, 8], push=True), 7),
     "rsp-lens0-not-zero": (lambda r: r.kv(RSP, [5, 6], f32(1, 1).tobytes(), [8, 8], push=True), 5),
     "rsp-row-lens-differ": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1, 1).tobytes(), [0, 8, 4], push=True), 5),
     "rsp-vals-size-mismatch": (lambda r: r.kv(RSP, [5, 6, 7], f32(1, 1).tobytes(), [0, 8, 8], push=True), 5),
@@ -616,6 +621,21 @@ def test_unidentified_sender_is_dropped(loaded, caplog):
     assert peer.send(msg) == []                                  # nobody to answer
     (line,) = error_lines(caplog)
     assert "unidentified" in line
+    check_good(peer, w0)
+
+
+def test_a_reply_arriving_as_a_request_is_dropped(loaded, caplog):
+    """A message with request=0 is a reply (ours, echoed back by a peer posing as us, or forged): never served, or
+    a server could answer its own replies forever."""
+    peer, w0 = loaded
+    for msg in (w0.pull(3), w0.push(3, f32(9, 9, 9, 9)), w0.command(proto.STOP_SERVER)):
+        msg.meta.request = False
+        before = stored(peer.server)
+        caplog.clear()
+        assert peer.send(msg) == []
+        (line,) = error_lines(caplog)
+        assert "dropping a reply" in line and NAME[WORKER0] in line
+        assert stored(peer.server) == before and not peer.server.stopped
     check_good(peer, w0)
 
 
@@ -737,6 +757,30 @@ BAD_COMMANDS = {
         {"key": 11, "rows": 10, "row_shape": [2], "init": '["orthogonal", {}]'}).encode()),
     "declare-zero-rows": (proto.LAZY_DECLARE, json.dumps(
         {"key": 11, "rows": 0, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1e300": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1e300, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-rows-1.5": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 1.5, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-empty": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [], "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-string": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": "8", "init": '["zero", {}]'}).encode()),
+    "declare-row-shape-float": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [8.5], "init": '["zero", {}]'}).encode()),
+    "declare-row-size-2^20": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [1 << 20], "init": '["zero", {}]'}).encode()),
+    "declare-dtype-null": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "dtype": None, "init": '["zero", {}]'}).encode()),
+    "declare-bound-0": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 11, "rows": 10, "row_shape": [2], "bound": 0, "init": '["zero", {}]'}).encode()),
+    "declare-key-minus-1": (proto.LAZY_DECLARE, json.dumps(
+        {"key": -1, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-key-2^64": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 2 ** 64, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
+    "declare-a-virtual-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": proto.ROWS_HEADER_KEY, "rows": 10, "row_shape": [64], "init": '["zero", {}]'}).encode()),
+    "declare-over-a-dense-key": (proto.LAZY_DECLARE, json.dumps(
+        {"key": 3, "rows": 10, "row_shape": [2], "init": '["zero", {}]'}).encode()),
     "rows-query-empty-object": (proto.LAZY_ROWS, b"{}"),
     "rows-query-a-list": (proto.LAZY_ROWS, b"[5]"),
     "rows-query-key-not-a-number": (proto.LAZY_ROWS, b'{"key": "five"}'),

@@ -62,7 +62,7 @@ Key = DenseKey | RowSparseKey
 
 class KVServer:
     def __init__(self, rank: int, num_servers: int, num_workers: int,
-                 materialize: str = MATERIALIZE_ON_TOUCH, lifecycle: Settings | None = None) -> None:
+                 materialize: str = MATERIALIZE_ON_PUSH, lifecycle: Settings | None = None) -> None:
         if materialize not in (MATERIALIZE_ON_TOUCH, MATERIALIZE_ON_PUSH):
             raise ValueError(f"materialize must be {MATERIALIZE_ON_TOUCH!r} or {MATERIALIZE_ON_PUSH!r}")
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers

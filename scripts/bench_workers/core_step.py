@@ -71,9 +71,9 @@ def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
-def start(optimizer: str):
+def start(optimizer: str, materialize: str = "push"):
     import mxnet  # only for the optimizer pickle a stock worker sends
-    server = KVServer(0, 1, len(WORKERS))
+    server = KVServer(0, 1, len(WORKERS), materialize=materialize)
     workers = [Worker(n) for n in WORKERS]
 
     def handle(msg: Message) -> None:
@@ -104,8 +104,9 @@ def run_dense(optimizer: str, shape: tuple[int, ...], steps: int, warmup: int) -
     return {"cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
 
 
-def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int) -> dict:
-    server, workers, handle = start(optimizer)
+def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int,
+        materialize: str = "push") -> dict:
+    server, workers, handle = start(optimizer, materialize)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
@@ -125,6 +126,35 @@ def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup
             "cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
 
 
+def run_small(optimizer: str, repeat: int) -> dict:
+    """Server CPU per small request (us): what a CTR step is made of (issue "faster on a real training step")."""
+    server, workers, handle = start(optimizer)
+    rng = np.random.default_rng(1)
+    handle(workers[0].dense(5, rng.standard_normal((2, 3)).astype(np.float32)))
+    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (1 << 40, 16), "float32",
+                                                               '["uniform", {"scale": 0.07}]', 1)))
+    handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, 16), np.float32)))
+    grad = rng.standard_normal((2, 3)).astype(np.float32)
+    fresh = [np.sort(rng.choice(1 << 40, 256, replace=False)) for _ in range(repeat)]
+    known = fresh[:8]
+    msgs = {
+        "dense 2x3 push (sync round of 2)": [w.dense(5, grad) for _ in range(repeat) for w in workers],
+        "dense 2x3 pull": [workers[0].dense(5, None) for _ in range(repeat)],
+        "row_sparse pull, 256 new rows": [workers[0].rows(ids, None) for ids in fresh],
+        "row_sparse pull, 256 stored rows": [workers[1].rows(known[i % 8], None) for i in range(repeat)],
+        "row_sparse push, 256 stored rows (round of 2)": [w.rows(known[i % 8], rng.standard_normal((256, 16)).astype(
+            np.float32)) for i in range(repeat // 2) for w in workers],
+    }
+    out = {}
+    for name, batch in msgs.items():
+        frames = [[identity_of(m.sender)] + m.to_frames() for m in batch]
+        t = time.process_time()
+        for f in frames:   # decoded here, as the runtime decodes what the socket gives it
+            handle(Message.from_frames(f))
+        out[name] = 1e6 * (time.process_time() - t) / len(batch)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input-dim", type=int, default=1_000_000)
@@ -134,12 +164,26 @@ def main() -> None:
     parser.add_argument("--dense", nargs="*", default=["2x3", "1000x1000"], help="dense shapes (push+pull rounds)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--small", type=int, default=2000, help="requests per small-request row (0: skip)")
+    parser.add_argument("--only-small", action="store_true")
+    parser.add_argument("--materialize", nargs="+", default=["push"], choices=["push", "touch"],
+                        help="row policies to run the row_sparse steps with (push: the server's default)")
     args = parser.parse_args()
-    print(f"{'optimizer':<10} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
+    if args.small:
+        print(f"{'optimizer':<10} {'small request':<48} {'server CPU us/request':>22}")
+        for optimizer in args.optimizer:
+            for name, us in run_small(optimizer, args.small).items():
+                print(f"{optimizer:<10} {name:<48} {us:>22.1f}")
+        print()
+    if args.only_small:
+        return
+    print(f"{'optimizer':<10} {'policy':>7} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
     for optimizer in args.optimizer:
         for batch in args.batch:
-            r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup)
-            print(f"{optimizer:<10} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
+            for policy in args.materialize:
+                r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy)
+                print(f"{optimizer:<10} {policy:>7} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} "
+                      f"{r['cpu_ms_p50']:>8.2f}")
     print(f"\n{'optimizer':<10} {'dense':>10} {'CPU ms/round':>13} {'p50':>8}   (2 pushes + 2 pulls)")
     for optimizer in args.optimizer:
         for text in args.dense:

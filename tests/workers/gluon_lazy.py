@@ -25,10 +25,9 @@ p.add_argument("--start", type=int, default=0)
 p.add_argument("--stop", type=int, default=None)
 p.add_argument("--load", help="checkpoint prefix to restore from (<prefix>.params, <prefix>.states)")
 p.add_argument("--save", help="checkpoint prefix rank 0 writes at the end")
+p.add_argument("--local-load", help="no job: load_parameters of this file into a fresh local net, save what it holds")
 args = p.parse_args()
 stop = args.steps if args.stop is None else args.stop
-
-kv, rank, nw = connect(args.mode)
 categories = [c % args.input_dim for c in CATEGORIES]
 
 
@@ -48,6 +47,15 @@ class Net(gluon.Block):
         return self.fc2(self.fc1(h))
 
 
+if args.local_load:
+    local = Net(prefix="net_")
+    local.load_parameters(args.local_load)
+    held = {name: param._data[0] for name, param in local._collect_params_with_prefix().items()}
+    np.savez(args.out, **{f"{kind}_{name}": getattr(value, kind).asnumpy() for name, value in held.items()
+                          if value.stype == "row_sparse" for kind in ("indices", "data")})
+    sys.exit(0)
+
+kv, rank, nw = connect(args.mode)
 net = Net(prefix="net_")
 net.initialize(mx.init.Xavier(magnitude=2.0))   # the ids embedding has no initializer of its own: Xavier too
 if args.load:

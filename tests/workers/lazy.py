@@ -59,7 +59,8 @@ else:
 results["init_bytes"] = tcp_bytes_sent() - before
 
 rng = np.random.RandomState(1000 + rank)
-touched = set()
+touched = set()   # pulled or pushed
+trained = set()   # pushed
 
 
 def pull(ids):
@@ -89,6 +90,7 @@ if args.bad_row:
 for step in range(args.steps):
     ids = np.unique(np.minimum(rng.zipf(1.3, args.batch) - 1, args.rows - 1))
     touched.update(ids.tolist())
+    trained.update(ids.tolist())
     idx, vals = pull(ids)
     grad_rows = ((idx[:, None] * 3 + np.arange(args.dim)[None, :] + step + rank) % 11 - 5).astype(dt) / 4
     grad = mx.nd.sparse.row_sparse_array((grad_rows, idx), shape=shape, dtype=dt)
@@ -97,17 +99,18 @@ kv._barrier()
 all_touched = np.array(sorted(touched), dtype=np.int64)
 ids, vals = pull(all_touched)
 results["touched"] = all_touched
+results["trained"] = np.array(sorted(trained), dtype=np.int64)
 results["final_ids"] = ids
 results["final_vals"] = vals
 if args.fetch and rank == 0:
-    from kvstore_lazy.worker import fetch_rows, save_rows
+    from kvstore_lazy.worker import declared, fetch_rows, save_rows
     ids, vals, states = fetch_rows(kv, args.key, shape, dtype=dt, states=True)
     results["fetched_ids"], results["fetched_vals"] = ids, vals
     results["fetched_num_states"] = len(states)
     for j, st in enumerate(states):
         results[f"fetched_state{j}"] = st
     path = args.out + ".params"
-    save_rows(path, {"embed_weight": (shape, ids, vals)})
+    save_rows(path, {"embed_weight": (shape, ids, vals)}, specs={"embed_weight": declared(kv, args.key)})
     loaded = mx.nd.load(path)["arg:embed_weight"]
     results["loaded_stype"] = np.array(loaded.stype)
     results["loaded_indices"] = loaded.indices.asnumpy()
