@@ -90,7 +90,7 @@ class KeyModel:
             if p["count"] >= self.min_count and (self.prob >= 1 or coin(self.seed, self.key, i, p["count"]) < self.prob):
                 self.rows[i] = {"last": self.round, "count": p["count"]}
                 del self.pending[i]
-                self.admitted += 1
+                self.admitted += not self.admits_at_once     # counted only where an admission policy decides
             else:
                 self.dropped += 1
         if self.admits_at_once:
