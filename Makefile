@@ -3,24 +3,77 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# the compiled kernels, built in place by the editable install (setup.py); rebuilt when kernels.c changes
+KERNELS := kvstore_lazy/store/_kernels.so
+# matplotlib for the benchmark plots (the [bench] extra), pinned; numpy held at requirements.txt's pin
+BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: venv system-deps test-cluster test-docker test test-unit test-integration demo bench bench-quick patch unpatch clean
+.PHONY: venv system-deps test-cluster test-docker test test-unit test-integration test-server-python demo bench \
+        bench-quick patch unpatch clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(KERNELS)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml setup.py
 	@command -v ss >/dev/null && command -v cc >/dev/null || $(MAKE) system-deps
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
-	$(PY) -m kvstore_lazy.store.kernels
 	touch $(STAMP)
 
-test: venv
+$(KERNELS): kvstore_lazy/store/kernels.c $(STAMP)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m kvstore_lazy.store.kernels
+	touch $(KERNELS)
+
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
+	touch $(BENCH_STAMP)
+
+test: venv $(BENCH_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
+	$(MAKE) test-server-python
+
+# The server as `pip install kvstore-lazy` gives it, on another Python: the wheel built from this tree (compiled
+# kernels inside), installed with SERVER_NUMPY and requirements-server.txt alone into a venv of SERVER_PYTHON
+# (CPython 3.13, numpy 2). With no C compiler on PATH and no source tree on sys.path, it runs the server-side unit
+# tests (the test files that do not import mxnet: SERVER_TESTS), then, under .venv, tests/test_server_python.py
+# (arithmetic bit for bit against MXNet and numpy 1.23) and real jobs whose servers run on SERVER_PYTHON
+# (KVSTORE_LAZY_SERVER_PYTHON, see tests/cluster.py) against stock scheduler and workers; last, checks that nothing
+# wrote into its site-packages.
+# Another Python or numpy: make test-server-python SERVER_PYTHON=.../python3.12 SERVER_NUMPY=numpy==1.26.4
+PYENV_DIR     := $(or $(shell pyenv root 2>/dev/null),$(PYENV_ROOT),$(HOME)/.pyenv)
+SERVER_PYTHON ?= $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.13.*/bin/python3.13)))
+SERVER_VENV   := .venv-server
+SERVER_NUMPY  ?= numpy==2.5.5
+SERVER_TESTS  := tests/test_protocol.py tests/test_rows.py tests/test_kernels.py tests/test_compression.py \
+                 tests/test_cli.py tests/test_layers.py \
+                 tests/test_recovery.py tests/test_launch.py
+SERVER_JOBS   := tests/test_server_python.py \
+                 "tests/test_training_integration.py::test_training_matches_stock[gluon-sync-2s-adam-partitioned]" \
+                 "tests/test_training_integration.py::test_training_matches_stock[module-async-1s-sgd]" \
+                 "tests/test_dense_integration.py::test_dense_matches_stock[sync-2s-2bit]" \
+                 "tests/test_lazy_integration.py::test_lazy_init_ships_no_rows_and_stores_only_touched[2servers-partitioned]" \
+                 tests/test_lazy_integration.py::test_same_initial_rows_with_1_and_2_servers_and_shuffled_pulls
+NO_CC_PATH    := $$($(CURDIR)/$(PY) $(CURDIR)/tests/path_without_compilers.py $(CURDIR)/build/no-cc-bin)
+
+test-server-python: venv
+	@test -x "$(SERVER_PYTHON)" || { echo "need CPython 3.13: set SERVER_PYTHON (pyenv install 3.13)"; exit 1; }
+	rm -rf build/wheel $(SERVER_VENV)
+	$(PY) -m pip wheel --quiet --no-deps -w build/wheel .
+	$(SERVER_PYTHON) -m venv $(SERVER_VENV)
+	$(SERVER_VENV)/bin/python -m pip install --quiet -r requirements-server.txt "$(SERVER_NUMPY)" \
+	    build/wheel/kvstore_lazy-*.whl
+	$(SERVER_VENV)/bin/python -I -c "import sys, numpy, zmq; print('server venv: Python', sys.version.split()[0], \
+	    'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
+	touch $(SERVER_VENV)/.installed
+	cd $(SERVER_VENV) && env -u CC PATH=$(NO_CC_PATH) bin/python -P -m pytest -q -p no:cacheprovider \
+	    -m "not integration" $(addprefix $(CURDIR)/,$(SERVER_TESTS))
+	env -u CC PATH=$(NO_CC_PATH) KVSTORE_LAZY_SERVER_PYTHON=$(CURDIR)/$(SERVER_VENV)/bin/python \
+	    $(PY) -m pytest -q -p no:cacheprovider -rs $(SERVER_JOBS)
+	@changed="$$(find $(SERVER_VENV)/lib -newer $(SERVER_VENV)/.installed | head -5)"; \
+	  test -z "$$changed" || { echo "the server wrote into its site-packages: $$changed"; exit 1; }
 
 # Jobs across network-namespace hosts (scripts/netns_cluster.sh) and the fault scenarios; needs root and iproute2.
 test-cluster: venv system-deps
@@ -45,7 +98,7 @@ test-integration: venv
 demo: venv
 	$(PY) scripts/demo.py
 
-bench: venv
+bench: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py
 
 patch: venv
@@ -55,7 +108,7 @@ unpatch: venv
 	$(PY) scripts/patch_mxnet.py revert
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SERVER_VENV) build *.egg-info $(KERNELS)
 
-bench-quick: venv
+bench-quick: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --quick

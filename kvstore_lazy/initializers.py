@@ -47,14 +47,18 @@ counters as follows, in float64:
   ``rad = sqrt(-2 * log(1 - u(2k)))`` (``1 - u`` is exact and in (0, 1], so
   no ``log(0)``), ``theta = u(2k + 1) * 6.283185307179586``; column ``j`` is
   ``sigma * rad * cos(theta)`` if ``j`` is even, ``sigma * rad * sin(theta)``
-  if odd (``rad * cos`` first, then times ``sigma``);
+  if odd (``rad * cos`` first, then times ``sigma``); ``log``, ``cos`` and
+  ``sin`` are kvstore_lazy's own (``store/kernels.c``: IEEE basic operations
+  only, within 1 ulp of the correctly rounded value);
 * ``Xavier``: ``scale`` exactly as ``mxnet.init.Xavier._init_weight`` computes
   it from the FULL weight shape, then ``Uniform(-scale, scale)`` or
   ``Normal(scale)``;
 * the float64 result is cast to the requested dtype (round to nearest).
 
-Uniform values are bit-exact on any IEEE platform; normal values go through
-``log``/``cos``/``sin`` and may differ in the last ulp between libms.
+Values are bit-exact on any IEEE platform and with any numpy: numpy's (or
+libm's) ``log``/``cos``/``sin`` are not used, as they differ between numpy
+versions and CPUs (numpy 1.23 and 2.x disagree on about half of all float64
+Box-Muller values on AVX-512).
 """
 
 import json
@@ -63,6 +67,8 @@ import numbers
 import operator
 
 import numpy as np
+
+from kvstore_lazy.store import kernels
 
 __all__ = ["InitializerError", "RowInitializer", "parse_initializer",
            "row_states", "random_bits", "uniform01"]
@@ -220,16 +226,8 @@ class NormalRows(RowInitializer):
         self.sigma = float(sigma)
 
     def _values(self, states, ncols, shape):
-        u = _uniform01(states, 2 * ((ncols + 1) // 2))
-        rad = np.subtract(1.0, u[:, 0::2])
-        np.log(rad, out=rad)
-        rad *= -2.0
-        np.sqrt(rad, out=rad)
-        theta = u[:, 1::2]
-        theta *= _TWO_PI
-        out = np.empty_like(u)
-        np.multiply(rad, np.cos(theta), out=out[:, 0::2])
-        np.multiply(rad, np.sin(theta), out=out[:, 1::2])
+        # log, cos and sin of our own (store/kernels.c): numpy's differ between numpy versions and CPUs
+        out = kernels.box_muller(_uniform01(states, 2 * ((ncols + 1) // 2)), _TWO_PI)
         out *= self.sigma
         return out[:, :ncols]
 

@@ -5,8 +5,17 @@ Owns: where each node runs (on this machine, in a network namespace, or over ssh
 gets, and process supervision. Every process the launcher starts is in its own process group (and, where
 ``setpriv`` exists, dies with the launcher); it is ended by PID when the job ends: on success, on Ctrl-C or SIGTERM,
 on a deadline, or as soon as any node fails (stock ps-lite would leave every other node hanging silently). Each
-node's output is streamed with a prefix ("[worker 1] ..."), and the launcher's own lines ("[launch +3.21s] ...")
-say what happened and when.
+node's output is streamed with a prefix, and the launcher's own lines ("[launch +3.21s] ...") say what happened and
+when.
+
+Names and ranks. The launcher names nodes by start order ("worker 1": the second worker started, DMLC_TASK_ID=1),
+but ps-lite's scheduler numbers them by address: it sorts the nodes by hostname (descending, bytewise) and port
+(ascending) and gives ranks in that order, servers and workers separately (van.cc, ProcessAddNodeCommandAtScheduler;
+the comparator ``(a.hostname.compare(b.hostname) | (a.port < b.port)) > 0``). So once a node's rank is known its
+prefix carries both, "[worker 1, rank 0] ...", as do the launcher's lines about it. A kvstore_lazy server's rank
+comes from its "registered as server rank N" line; on this machine and in network namespaces every node's rank is
+also computed from the listening port of each node's process (/proc) once all nodes of a role have bound theirs.
+Over ssh a stock server's or a worker's rank stays unknown (its prefix is then its start-order name only).
 
 Failure detection: a node that exits (killed, crashed, non-zero status) is noticed within POLL seconds; the job then
 ends with a line naming it, and every other process gets SIGTERM, then SIGKILL after --grace seconds. So a dead
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -330,14 +340,66 @@ class Node:
     restarts: int = 0
     ended: float | None = None
     incarnation: int = 0
+    ps_rank: int | None = None    # the rank ps-lite's scheduler gives it, once known (see the module docstring)
 
     @property
     def name(self) -> str:
+        """Start order: "worker 1" is the second worker started (DMLC_TASK_ID=1)."""
         return self.role if self.role == "scheduler" else f"{self.role} {self.rank}"
+
+    @property
+    def label(self) -> str:
+        """The prefix of its output lines: the name, and ps-lite's rank once known."""
+        return self.name if self.ps_rank is None else f"{self.name}, rank {self.ps_rank}"
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+
+REGISTERED = re.compile(r"registered as server rank (\d+)")   # kvstore_lazy.runtime's line once it has its rank
+SERVER_PREFIX = r"\[server (\d+)(?:, rank \d+)?\]"             # a server's output prefix; group 1: its start index
+
+
+def pslite_rank_order(addresses: list[tuple[str, int]]) -> list[int]:
+    """Ranks ps-lite's scheduler gives nodes of one role at these (hostname, port): it sorts by
+    ``(a.hostname.compare(b.hostname) | (a.port < b.port)) > 0``, i.e. hostname descending (bytewise), then port
+    ascending (a negative compare() stays negative when or-ed with the bool)."""
+    order = sorted(range(len(addresses)), key=lambda i: addresses[i][1])
+    order.sort(key=lambda i: addresses[i][0].encode(), reverse=True)   # stable: ports stay ascending
+    ranks = [0] * len(addresses)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
+
+
+def listening_ports(pid: int) -> set[int] | None:
+    """TCP ports in LISTEN state held by process `pid` or its descendants (read from /proc, in the process's own
+    network namespace); None if the process is gone or /proc cannot be read."""
+    pids, ports = [pid], set()
+    try:
+        while pids:
+            current = pids.pop()
+            inodes = set()
+            for fd in os.listdir(f"/proc/{current}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{current}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+            for table in ("tcp", "tcp6"):
+                with open(f"/proc/{current}/net/{table}") as fh:
+                    for line in fh.readlines()[1:]:
+                        fields = line.split()
+                        if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    pids += [int(child) for child in fh.read().split()]
+    except (OSError, ValueError):
+        return None
+    return ports
 
 
 def describe_status(code: int) -> str:
@@ -413,6 +475,9 @@ class Job:
         self.events: list[tuple[float, str, str, str]] = []
         self.t0 = time.monotonic()
         self._lock = threading.Lock()
+        self._rank_lock = threading.Lock()
+        self._rank_scan = 0.0                 # when _learn_ranks last looked at the nodes' ports
+        self._ranks_unknowable: set[str] = set()
         self._fixed_server_ports = restart_servers > 0 or server_port_base is not None
         if restart_servers and server != "lazy":
             raise LaunchError("--restart-servers needs kvstore_lazy servers (a stock server cannot rejoin)")
@@ -471,12 +536,54 @@ class Job:
         return node
 
     def _pump(self, node: Node) -> None:
-        prefix = f"[{node.name}] "
         for raw in iter(node.popen.stdout.readline, b""):
             line = raw.decode(errors="replace").replace("\r", "")
+            if node.role == "server" and node.ps_rank is None and (found := REGISTERED.search(line)):
+                self._set_ranks([node], [int(found.group(1))], "its log")
+            elif node.role in ("server", "worker") and node.ps_rank is None:
+                self._learn_ranks()      # a node that prints after registering: every node of its role has a port
             with self._lock:
+                prefix = f"[{node.label}] "
                 self.out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
                 self.out.flush()
+
+    def _set_ranks(self, nodes: list[Node], ranks: list[int], source: str) -> None:
+        """Record ps-lite ranks learnt from `source`; say so for those that differ from the start order."""
+        with self._lock:
+            fresh = [(n, r) for n, r in zip(nodes, ranks) if n.ps_rank is None]
+            for node, rank in fresh:
+                node.ps_rank = rank
+        moved = [f"{n.name} is rank {r}" for n, r in fresh if r != n.rank]
+        if moved:
+            self.say(f"ps-lite numbers nodes by address, not start order ({source}): " + ", ".join(moved))
+
+    def _learn_ranks(self, every: float = 0.0) -> None:
+        """Ranks from the nodes' listening ports, once every node of a role on this machine has bound its own (at
+        most one look every `every` seconds). Called from the supervising loop and from the output threads."""
+        with self._rank_lock:
+            now = time.monotonic()
+            if now >= self._rank_scan + every:
+                self._rank_scan = now
+                self._scan_ports()
+
+    def _scan_ports(self) -> None:
+        for role in ("server", "worker"):
+            nodes = [n for n in self.nodes if n.role == role]
+            if role in self._ranks_unknowable or all(n.ps_rank is not None for n in nodes) or \
+                    any(isinstance(n.placement, SshPlacement) or n.ended is not None for n in nodes):
+                continue
+            addresses = []
+            for node in nodes:
+                ports = listening_ports(node.pid)
+                if ports is not None and len(ports) > 1:
+                    self._ranks_unknowable.add(role)
+                    self.say(f"{node.name} listens on {len(ports)} ports {sorted(ports)}: {role} ranks are not "
+                             f"inferred from ports")
+                if ports is None or len(ports) != 1:
+                    break        # not bound yet, or ambiguous
+                addresses.append((node.env.get("DMLC_NODE_HOST", node.placement.host), ports.pop()))
+            else:
+                self._set_ranks(nodes, pslite_rank_order(addresses), "ports")
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -490,7 +597,7 @@ class Job:
         env = dict(node.env)
         env["KVSTORE_LAZY_RECOVERY"] = "1"
         fresh = self._spawn(node.role, node.rank, node.placement, node.argv, env, node.incarnation + 1)
-        fresh.restarts = node.restarts + 1
+        fresh.restarts, fresh.ps_rank = node.restarts + 1, node.ps_rank   # same address, same rank
         self.nodes[self.nodes.index(node)] = fresh
         self._event("restarted", fresh, f"pid {fresh.pid}")
         return fresh
@@ -514,7 +621,8 @@ class Job:
                     self._event("exited", node, str(code))
                     if code == 0:
                         continue
-                    what = f"{node.name} (pid {node.pid} on {node.placement.where}) {describe_status(code)}"
+                    rank = "" if node.ps_rank is None else f", rank {node.ps_rank}"
+                    what = f"{node.name} (pid {node.pid} on {node.placement.where}{rank}) {describe_status(code)}"
                     if code == -signal.SIGABRT and node.role != "scheduler":
                         # judged below, once it is clear whether the final barrier was done
                         aborted.append((node, what, now + ABORT_JUDGE_WAIT))
@@ -554,6 +662,8 @@ class Job:
                         self.say(f"WARNING: every worker finished, but {running} did not exit within "
                                  f"{self.finish_grace:.0f}s; stopping them")
                         return 0
+                if finish_by is None:
+                    self._learn_ranks(every=0.5)
                 if deadline is not None and now > deadline:
                     running = ", ".join(n.name for n in self.nodes if n.ended is None)
                     self._event("deadline", self.nodes[0], running)
@@ -600,11 +710,6 @@ class Job:
         with self._lock:
             self.out.write(f"[launch +{time.monotonic() - self.t0:.2f}s] {text}\n")
             self.out.flush()
-
-    _say = say   # the name scripts/demo.py uses
-
-
-LocalJob = Job   # the name of the first version (scripts/demo.py)
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -2,7 +2,7 @@
 
 Every measurement is a real ps-lite job on this machine: the stock scheduler, the servers under test (ours:
 ``python -m kvstore_lazy.server``; stock: ``DMLC_ROLE=server python -c "import mxnet"``) and stock MXNet workers
-running scripts/bench_workers/*.py, started and supervised by kvstore_lazy.launch.LocalJob, each job with a
+running scripts/bench_workers/*.py, started and supervised by kvstore_lazy.launch.Job, each job with a
 deadline and every process ended by PID. The same worker script, sizes and seeds run against both servers.
 
 Scenarios (--scenarios, default all):
@@ -63,9 +63,9 @@ WORKERS = ROOT / "scripts" / "bench_workers"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(WORKERS))
 
-import pngplot  # noqa: E402
+import plots  # noqa: E402
 from common import DriftingCTR, read_results, row_stream  # noqa: E402
-from kvstore_lazy.launch import LineSink, LocalJob  # noqa: E402
+from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 from kvstore_lazy.metrics import RssSampler  # noqa: E402
 from kvstore_lazy.server.lifecycle import parse_bytes  # noqa: E402
 
@@ -149,13 +149,13 @@ def machine() -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # jobs
 
-STATS_JSON = re.compile(r"^\[server (\d+)\] .*? INFO stats: (\{.*\})\s*$")
-STATS_SHUTDOWN = re.compile(r"^\[server (\d+)\] .*? INFO stats \(at shutdown\): key (\d+) rows (\d+) bytes (\d+)")
+STATS_JSON = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats: (\{{.*\}})\s*$")
+STATS_SHUTDOWN = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats \(at shutdown\): key (\d+) rows (\d+) bytes (\d+)")
 ERRORS = re.compile(r"(Error|error|Check failed|Traceback|exited with|deadline|Killed|Segmentation|terminate)")
 
 
 class Sink(LineSink):
-    """LocalJob's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
+    """Job's output: every line to <run>/job.log, lazy servers' stats lines parsed, echoed if verbose."""
 
     def __init__(self, path: Path | None, verbose: bool) -> None:
         super().__init__()
@@ -271,7 +271,7 @@ class Bench:
         if profile and server == "lazy":
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
         sink = Sink(run_dir / "job.log", self.args.verbose)
-        job = LocalJob(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
+        job = Job(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
                        server=server, env=env, server_env=server_env, out=sink)
         timeout = timeout or self.cfg["timeout"]
         label = "ours " if server == "lazy" else "stock"
@@ -920,7 +920,7 @@ def scenario_scale(bench: Bench, jobs: dict[str, RowsJob], init_data: dict | Non
 # ----------------------------------------------------------------------------------------------------------------
 # scenario 5: row lifecycle
 
-SNAPSHOT_LINE = re.compile(r"^\[server (\d+)\] .*? snapshot written to \S+ \((base|delta)\): \d+ keys, (\d+) rows, "
+SNAPSHOT_LINE = re.compile(rf"^{SERVER_PREFIX} .*? snapshot written to \S+ \((base|delta)\): \d+ keys, (\d+) rows, "
                            r"(\d+) bytes")
 LIFECYCLE_RUNS = [    # name, init_lazy policy, the budget on?, color
     ("unbounded", {}, False, "red"), ("budget", {}, True, "blue"), ("min-count 2", {"admit_min_count": 2}, False,
@@ -989,7 +989,9 @@ def scenario_lifecycle(bench: Bench) -> tuple[str, dict, list[dict]]:
         loss = last_interval(losses(run))
         data[name] = {"ok": run.ok, "stats": st, "rss_curve": rss_curve, "peak_rss": run.server_peaks,
                       "last_interval_loss": loss, "policy": policy, "budget": budget if budgeted else None}
-        series.append({"x": [x for x, _ in rss_curve], "y": [v / MiB for _, v in rss_curve], "label": name,
+        timed = [(r["seconds"], max(r["rss"])) for r in run.of("rss") if r["what"] in ("step", "end")
+                 and None not in r["rss"] and "seconds" in r]
+        series.append({"x": [x for x, _ in timed], "y": [v / MiB for _, v in timed], "label": name,
                        "color": color, "lifecycle": True})
         config = f"{name}" + (f" ({c['budget']} per server)" if budgeted else "")
         rows.append([config, "rows stored (2 servers)", num(st["rows"]),
@@ -1185,17 +1187,18 @@ def main(argv=None) -> int:
     lifecycle_series = [x for x in series if x.get("lifecycle")]
     series = [x for x in series if not x.get("lifecycle")]
     if series:
-        pngplot.plot(bench.out / "memory_vs_rows.png", series, "SERVER MEMORY VS ROWS SEEN (ONE SERVER)",
-                     "rows seen (distinct row ids touched by the workers)", "server RSS (MiB)",
-                     hlines=[(BUDGET / MiB, "8 GIB")],
-                     notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}. dashed: stock (its memory follows "
-                            f"input_dim, not rows seen)"])
+        plots.memory_vs_rows(bench.out / "memory_vs_rows.png", series, budget_mib=BUDGET / MiB,
+                             title="Server memory vs rows seen (one server)",
+                             notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; dashed: stock (its memory "
+                                    f"follows input_dim, not rows seen) and extrapolations"])
     if lifecycle_series:
         budget = parse_bytes(cfg["lifecycle"]["budget"])
-        pngplot.plot(bench.out / "lifecycle_rss.png", lifecycle_series, "SERVER RSS OVER TIME (LIFECYCLE)",
-                     "training step", "largest server RSS (MiB)", logx=False, logy=False,
-                     hlines=[(budget / MiB, "BUDGET"), ((budget + 150 * MiB) / MiB, "BUDGET + 150 MB")],
-                     notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; 2 servers, 2 workers, dist_sync"])
+        plots.line_plot(bench.out / "lifecycle_rss.png", lifecycle_series,
+                        title="Server RSS over time, row lifecycle runs (largest of 2 servers)",
+                        xlabel="seconds of training", ylabel="server RSS (MiB)",
+                        hlines=[(budget / MiB, f"budget {budget / MiB:g} MiB (budget runs)"),
+                                ((budget + 150 * MiB) / MiB, "budget + 150 MB")],
+                        notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; 2 servers, 2 workers, dist_sync"])
     print(f"\nwrote {bench.out / 'tables.txt'}, {bench.out / 'results.json'}"
           f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}"
           f"{', ' + str(bench.out / 'lifecycle_rss.png') if lifecycle_series else ''}; job logs under {bench.runs_dir}")

@@ -1,7 +1,7 @@
 """`make demo`: wide & deep CTR training with 2 workers and 2 servers (dist_sync), on kvstore_lazy servers and then
 the same job on MXNet's stock C++ servers, side by side.
 
-Each run is a LocalJob (stock scheduler, servers, two stock MXNet workers running scripts/wide_deep.py) with a
+Each run is a Job (stock scheduler, servers, two stock MXNet workers running scripts/wide_deep.py) with a
 deadline; every process is ended by PID. While it runs, this process samples the servers' memory
 (kvstore_lazy.metrics) and condenses the lazy servers' row counts ("stats" log lines) into one line per interval.
 At the end: a per-feature table (input_dim, rows seen by the workers, rows stored) and a cost table (bytes rank 0
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvstore_lazy import metrics  # noqa: E402
-from kvstore_lazy.launch import LineSink, LocalJob  # noqa: E402
+from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 
 WORKER = ROOT / "scripts" / "wide_deep.py"
 NUM_WORKERS = NUM_SERVERS = 2
@@ -43,8 +43,8 @@ PRESETS = {
               "timeout": 150},
 }
 
-STATS_JSON = re.compile(r"^\[server (\d+)\] .*? INFO stats: (\{.*\})\s*$")
-STATS_LINE = re.compile(r"^\[server (\d+)\] .*? INFO stats \(([^)]*)\): key (\d+) rows (\d+) bytes (\d+)")
+STATS_JSON = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats: (\{{.*\}})\s*$")
+STATS_LINE = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats \(([^)]*)\): key (\d+) rows (\d+) bytes (\d+)")
 # keys with a row lifecycle policy (KVSTORE_LAZY_ADMIT_MIN_COUNT, _MEMORY_BUDGET, ...) add their counters
 LIFECYCLE = re.compile(r" pending (\d+) admitted (\d+) dropped (\d+) evicted (\d+)")
 LIFECYCLE_FIELDS = ("pending", "admitted", "dropped", "evicted")
@@ -60,7 +60,7 @@ def key_name(key: int) -> str:
 
 
 class Output(LineSink):
-    """LocalJob's output sink: every line to <run>/job.log; to the console all but routine server lines (unless
+    """Job's output sink: every line to <run>/job.log; to the console all but routine server lines (unless
     verbose); lazy servers' row counts condensed into one console line per stats round."""
 
     def __init__(self, log_path: Path, verbose: bool, num_servers: int) -> None:
@@ -146,7 +146,7 @@ def run_job(kind: str, run_dir: Path, cfg: dict, args) -> dict:
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
            "OMP_NUM_THREADS": "1"}
     output = Output(out_dir / "job.log", args.verbose, NUM_SERVERS)
-    job = LocalJob(command=command, num_workers=NUM_WORKERS, num_servers=NUM_SERVERS, server=kind, env=env,
+    job = Job(command=command, num_workers=NUM_WORKERS, num_servers=NUM_SERVERS, server=kind, env=env,
                    out=output)
     label = "kvstore_lazy" if kind == "lazy" else "stock MXNet"
     print(f"\n=== {kind} run: {NUM_WORKERS} workers, {NUM_SERVERS} {label} servers, dist_sync, "
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
     print(f"[demo] features: input_dims {', '.join(f'{d:,}' for d in cfg['dims'])}; embeddings of {cfg['emb_dim']} "
           f"+ a wide weight per feature (row_sparse), MLP on top (dense, Gluon Trainer, Adam on the servers)")
 
-    # SIGTERM ends the jobs like Ctrl-C does (LocalJob.supervise stops every process by PID on the way out)
+    # SIGTERM ends the jobs like Ctrl-C does (Job.supervise stops every process by PID on the way out)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         lazy = run_job("lazy", run_dir, cfg, args)

@@ -163,7 +163,7 @@ mkdir -p "$CACHE/wheels"
 "$PY" -m pip download -q --disable-pip-version-check -d "$CACHE/wheels" \
     --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 \
-    "${pins[@]}" "setuptools>=61" wheel 2>&1 | grep -v "is ignored: it is neither" || true
+    "${pins[@]}" "setuptools>=70.1" wheel 2>&1 | grep -v "is ignored: it is neither" || true
 ls "$CACHE"/wheels/mxnet-*.whl >/dev/null 2>&1 || die "wheel download failed"
 
 CTX="$RUN/context"

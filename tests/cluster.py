@@ -16,6 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# Our servers' interpreter, when not this one (`make test-server-python`: CPython 3.13 + numpy 2 with the package
+# installed from its wheel). Run isolated (-I): its own site-packages, not this source tree (PYTHONPATH, cwd).
+SERVER_PYTHON = os.environ.get("KVSTORE_LAZY_SERVER_PYTHON")
 
 
 class JobHung(AssertionError):
@@ -90,6 +93,8 @@ class Job:
             env = self.env("server", server_env)
             if self.server == "stock":
                 argv = [PYTHON, "-c", "import mxnet"]
+            elif SERVER_PYTHON:
+                argv = [SERVER_PYTHON, "-I", "-m", "kvstore_lazy.server"]
             else:
                 argv = [PYTHON, "-m", "kvstore_lazy.server"]
             self._spawn(f"server{rank}", argv, env)

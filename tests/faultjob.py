@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -160,8 +159,7 @@ def kill(name: str, delay: float = 0.0):
 def kill_rank(rank: int, delay: float = 0.0):
     """kill -9 of the server that registered as ps-lite rank `rank` (ranks need not follow the start order)."""
     def fault(job: Job, outcome: Outcome) -> None:
-        found = re.finditer(r"^\[(server \d+)\] .*registered as server rank (\d+)", job.out.text(), re.M)
-        name = next(m.group(1) for m in found if int(m.group(2)) == rank)
+        name = next(n.name for n in job.nodes if n.role == "server" and n.ps_rank == rank)
         kill(name, delay)(job, outcome)
     return fault
 

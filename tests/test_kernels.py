@@ -1,11 +1,16 @@
-"""kvstore_lazy/store/kernels: building the C library, and the kernels the other tests don't reach directly.
+"""kvstore_lazy/store/kernels: loading the compiled library, and the kernels the other tests don't reach directly.
 
 The optimizer kernels are pinned bit for bit against MXNet in test_optimizers.py (both server paths), the hash index
-by test_rows.py's model tests; here: the build (fresh directory, failures with a clear error) and the sorted merge
-against a plain numpy reference, float32 (C) and other dtypes (numpy fallback).
+by test_rows.py's model tests; here: the library setup.py built (from this very kernels.c; missing, broken or stale
+libraries refused with a clear error) and the sorted merge against a plain numpy reference, float32 (C) and other
+dtypes (numpy fallback).
 """
-import ctypes
+import _ctypes
+import decimal
+import hashlib
+import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,48 +20,28 @@ from hypothesis import strategies as st
 from kvstore_lazy.store import kernels
 
 
-def test_build_compiles_a_fresh_copy_into_its_directory(tmp_path, monkeypatch):
-    source = tmp_path / "kernels.c"
+def test_the_library_was_built_from_the_source_beside_it():
+    assert kernels.LIBRARY.parent == kernels.SOURCE.parent and kernels.LIBRARY.name == "_kernels.so"
+    assert kernels._lib.kernels_digest().decode() == hashlib.sha256(kernels.SOURCE.read_bytes()).hexdigest()
+    assert all(hasattr(kernels._lib, name) for name in kernels._SIGNATURES)
+
+
+def test_missing_broken_or_stale_libraries_are_refused_saying_how_to_rebuild(tmp_path):
+    library, source = tmp_path / "_kernels.so", tmp_path / "kernels.c"
+    shutil.copy(kernels.LIBRARY, library)
     shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = kernels.build()
-    assert path.parent == tmp_path and path.name == kernels.library_name() and path.stat().st_size > 0
-    assert path.stat().st_mode & 0o755 == 0o755          # other users of the install can load it
-    assert kernels.build() == path                       # built once, then found
-    lib = ctypes.CDLL(str(path))
-    assert all(hasattr(lib, name) for name in kernels._SIGNATURES)
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("_kernels")] == [path.name]  # no temp files left
+    assert kernels.load(library, source).kernels_digest() == kernels._lib.kernels_digest()
+    assert kernels.load(library, tmp_path / "absent.c")                 # no source beside it: nothing to check
     source.write_text(source.read_text() + "\n/* changed */\n")
-    assert kernels.library_name() != path.name           # another source is another library, never a stale one
-    rebuilt = kernels.build()
-    assert rebuilt != path and rebuilt.exists() and not path.exists()   # and the stale one is cleaned up
-
-
-def test_build_in_the_shared_cache_leaves_other_installs_builds_alone(tmp_path, monkeypatch):
-    source = tmp_path / "src" / "kernels.c"
-    source.parent.mkdir()
-    shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    other = cache / "_kernels-0123456789abcdef.so"        # another version's build
-    other.write_bytes(b"x")
-    monkeypatch.setattr(kernels, "_candidates", lambda: [cache / kernels.library_name()])
-    assert kernels.build().parent == cache
-    assert other.exists()
-
-
-@pytest.mark.parametrize("cc", ["/nonexistent/cc", "false"])
-def test_build_without_a_working_compiler_says_so(tmp_path, monkeypatch, cc):
-    source = tmp_path / "kernels.c"
-    shutil.copy(kernels.SOURCE, source)
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("CC", cc)
-    with pytest.raises(kernels.KernelBuildError, match="kernels.c"):
-        kernels.build()
-    assert not list(tmp_path.glob("_kernels*"))
+    with pytest.raises(kernels.KernelLoadError, match=r"built from another kernels\.c .*pip install"):
+        kernels.load(library, source)
+    with pytest.raises(kernels.KernelLoadError, match=r"absent\.so are missing: .*pip install"):
+        kernels.load(tmp_path / "absent.so", source)
+    (tmp_path / "junk.so").write_bytes(b"not a library")
+    with pytest.raises(kernels.KernelLoadError, match=r"cannot load .*junk\.so"):
+        kernels.load(tmp_path / "junk.so", source)
+    with pytest.raises(kernels.KernelLoadError, match="cannot load .*index_lookup_i32"):
+        kernels.load(Path(_ctypes.__file__), source)                   # a shared library, but not ours
 
 
 def reference_merge(ids_a, vals_a, ids_b, vals_b):
@@ -114,7 +99,7 @@ def test_update_rows_declines_arrays_the_kernels_cannot_take():
     """The server then gathers the rows and runs the numpy path; nothing is changed by the refusal."""
     import pickle
 
-    import mxnet as mx
+    mx = pytest.importorskip("mxnet")
 
     from kvstore_lazy.optimizers import load_optimizer
     for opt in (mx.optimizer.SGD(learning_rate=0.1, momentum=0.9), mx.optimizer.Adam()):
@@ -131,3 +116,74 @@ def test_update_rows_declines_arrays_the_kernels_cannot_take():
             assert ours.update_rows(3, w, s, sl, g) is False
         assert (weight == 1).all() and not any(s.any() for s in states)
         assert ours.update_rows(3, weight, states, slots, grad) is True and not (weight[[0, 2]] == 1).any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Box-Muller (initializers.NormalRows) with log/cos/sin of IEEE basic operations only
+
+def _correctly_rounded_sin_cos(x: float) -> tuple[float, float]:
+    """Taylor series in 45-digit decimal arithmetic from the exact double x (in [0, 2 pi])."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 45
+        x, tiny = decimal.Decimal(x), decimal.Decimal(10) ** -44
+        sums = []
+        for term, n in ((x, 1), (decimal.Decimal(1), 0)):
+            total = term
+            while abs(term) > tiny:
+                term = -term * x * x / ((n + 1) * (n + 2))
+                total, n = total + term, n + 2
+            sums.append(float(total))
+        return sums[0], sums[1]
+
+
+def _ulps(got: float, want: float) -> float:
+    if not want:
+        return 0.0 if got == want else math.inf
+    return abs(got - want) / math.ulp(want)
+
+
+def test_log_sin_cos_are_within_one_ulp_of_the_correctly_rounded_values():
+    rng = np.random.RandomState(9)
+    x = np.concatenate([rng.rand(3000), 1 - rng.rand(300) * 1e-9, [1.0, 0.5, 2.0 ** -53, 2.0 ** -1022]])
+    with decimal.localcontext() as ctx:
+        ctx.prec = 45
+        want = [float(decimal.Decimal(v).ln()) for v in x.tolist()]
+    assert max(_ulps(g, w) for g, w in zip(kernels.log_unit(x).tolist(), want)) <= 1
+    quarter = math.pi / 2
+    theta = np.concatenate([rng.rand(3000) * 6.283185307179586, [0.0, 1e-300, 6.283185307179586],
+                            [np.nextafter(k * quarter, d) for k in (1, 2, 3) for d in (0.0, 7.0)],
+                            [np.nextafter(4 * quarter, 0.0)]])
+    sin, cos = kernels.sincos(theta)
+    for s, c, t in zip(sin.tolist(), cos.tolist(), theta.tolist()):
+        want_s, want_c = _correctly_rounded_sin_cos(t)
+        assert _ulps(s, want_s) <= 1 and _ulps(c, want_c) <= 1, t.hex()
+
+
+def test_box_muller_is_those_functions_in_the_documented_order():
+    rng = np.random.RandomState(3)
+    u = np.concatenate([rng.rand(50, 6), [[0.0, 0.0, 1 - 2.0 ** -53, 0.999999, 0.5, 0.25]]])
+    two_pi = 6.283185307179586
+    sin, cos = kernels.sincos(u[:, 1::2] * two_pi)
+    rad = np.sqrt(-2.0 * kernels.log_unit(1.0 - u[:, 0::2]))
+    got = kernels.box_muller(u, two_pi)
+    assert np.array_equal(got[:, 0::2], rad * cos) and np.array_equal(got[:, 1::2], rad * sin)
+    assert np.array_equal(np.signbit(got[:, 0::2]), np.signbit(rad * cos))
+    # the same bits on every platform and numpy version (these were computed on x86-64 with numpy 1.23)
+    pinned = kernels.box_muller(np.array([0.25, 0.125, 0.9, 0.7, 1 - 2.0 ** -53, 0.5]), two_pi)
+    assert [v.hex() for v in pinned.tolist()] == [
+        '0x1.129dc7dcc0e5bp-1', '0x1.129dc7dcc0e5ap-1', '-0x1.538715144eeb6p-1', '-0x1.053d5b7141dc7p+1',
+        '-0x1.124b2800eda48p+3', '0x1.2e90351e31b9ap-50']
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kernels.box_muller(np.array([0.5, 0.5, 0.5]), 6.28),          # odd last axis
+    lambda: kernels.box_muller(np.array([0.5, 1.0]), 6.28),               # 1 is not in [0, 1)
+    lambda: kernels.box_muller(np.array([-0.5, 0.5]), 6.28),
+    lambda: kernels.log_unit(np.array([0.0])),
+    lambda: kernels.log_unit(np.array([1.5])),
+    lambda: kernels.sincos(np.array([7.0])),
+    lambda: kernels.sincos(np.array([np.nan])),
+])
+def test_box_muller_log_and_sincos_refuse_arguments_outside_their_domain(call):
+    with pytest.raises(ValueError, match="takes"):
+        call()

@@ -4,9 +4,12 @@ with a line naming it, every process group is gone afterwards, Ctrl-C/SIGTERM st
 restarted to rejoin)."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
+import random
+import re
 import shlex
 import signal
 import subprocess
@@ -418,3 +421,98 @@ def test_scripts_launch_is_the_same_launcher():
     out = subprocess.run([PY, str(ROOT / "scripts" / "launch.py"), "-n", "1", "--dry-run", "python", "t.py"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "# worker 0 on 127.0.0.1" in out.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# output prefixes: start order and ps-lite's ranks
+
+
+def test_pslite_rank_order_is_the_schedulers_comparator():
+    """van.cc sorts with ``(a.hostname.compare(b.hostname) | (a.port < b.port)) > 0``; written out literally here
+    (compare() may return any negative or positive int) against random addresses, ties and all."""
+    def comparator(a, b):
+        cmp = (a[0].encode() > b[0].encode()) - (a[0].encode() < b[0].encode())
+        cmp *= 1 + a[0].count("1")                       # any magnitude: only the sign survives the "| bool"
+        before = (cmp | (a[1] < b[1])) > 0
+        after = ((-cmp) | (b[1] < a[1])) > 0
+        return -1 if before else (1 if after else 0)
+
+    rng = random.Random(5)
+    hosts = ["10.0.0.4", "10.0.0.5", "10.0.0.10", "127.0.0.1", "host-a", "host-b"]
+    for _ in range(200):
+        addresses = list({(rng.choice(hosts), rng.randrange(1024, 1100)) for _ in range(rng.randrange(1, 9))})
+        rng.shuffle(addresses)
+        ordered = sorted(addresses, key=functools.cmp_to_key(comparator))
+        assert launch.pslite_rank_order(addresses) == [ordered.index(a) for a in addresses]
+    assert launch.pslite_rank_order([("127.0.0.1", 5000), ("127.0.0.1", 4000), ("127.0.0.1", 4500)]) == [2, 0, 1]
+    assert launch.pslite_rank_order([("10.0.0.4", 1), ("10.0.0.5", 9), ("10.0.0.10", 5), ("10.0.0.5", 2)]) == \
+        [2, 1, 3, 0]
+
+
+def test_listening_ports_of_a_process_and_its_children(tmp_path):
+    listen = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+              "print(s.getsockname()[1], flush=True); time.sleep(60)")
+    # a shell that runs the listener as a child (`; true` keeps sh from exec-ing it)
+    proc = subprocess.Popen(["sh", "-c", f'{shlex.quote(PY)} -c {shlex.quote(listen)}; true'], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    idle = subprocess.Popen(SLEEP, start_new_session=True)
+    try:
+        port = int(proc.stdout.readline())
+        assert launch.listening_ports(proc.pid) == {port}
+        assert launch.listening_ports(idle.pid) == set()
+    finally:
+        for p in (proc, idle):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+        proc.stdout.close()
+    assert launch.listening_ports(idle.pid) is None                # gone
+
+
+def test_ranks_from_ports_need_one_listener_per_node(tmp_path):
+    """Stand-in workers: the one listening on one port each get ranks by port; a node with two listeners makes the
+    role's ranks unknowable from ports (said once), and its prefixes stay the start-order names."""
+    listen = ("import socket; socks = [socket.socket() for _ in range({n})]\n"
+              "for s in socks: s.bind(('127.0.0.1', 0)); s.listen()\n"
+              "time.sleep(1.5); print('port', socks[0].getsockname()[1], flush=True); time.sleep(0.5)")
+    job, out = stub_job(tmp_path, [listen.format(n=1), listen.format(n=1)], finish_grace=0.5)
+    job.start()
+    assert job.supervise(timeout=60) == 0
+    said = {int(line.rsplit(" ", 1)[1]): line.split("] ", 1)[0] for line in out.getvalue().splitlines()
+            if "] port " in line}
+    assert [said[port][-len(", rank 0"):] for port in sorted(said)] == [", rank 0", ", rank 1"], said
+    job, out = stub_job(tmp_path, [listen.format(n=1), listen.format(n=2)], finish_grace=0.5)
+    job.start()
+    assert job.supervise(timeout=60) == 0
+    text = out.getvalue()
+    assert text.count("listens on 2 ports") == 1 and "worker ranks are not inferred from ports" in text
+    assert "[worker 0] port" in text and "[worker 1] port" in text and ", rank" not in text
+
+
+@pytest.mark.integration
+def test_prefixes_carry_the_ranks_ps_lite_gave(tmp_path):
+    """Ports in reverse start order (PORT per DMLC_TASK_ID), so ps-lite ranks server 0 and worker 0 last: every
+    line of a node says its start-order name and its rank, and the rank agrees with what the node itself says."""
+    pytest.importorskip("mxnet")
+    ports = sorted({launch.free_port() for _ in range(6)})[:4]
+
+    def reversed_ports(low: int, high: int, argv: list[str]) -> list[str]:
+        return ["sh", "-c", f'if [ "$DMLC_TASK_ID" = 0 ]; then export PORT={high}; else export PORT={low}; fi; '
+                            f'exec "$@"', "node"] + argv
+    worker = [PY, "-c", "import mxnet as mx, time; kv = mx.kv.create('dist_sync'); "
+                        "print('worker says rank', kv.rank, flush=True); kv._barrier()"]
+    out = io.StringIO()
+    job = Job(command=reversed_ports(ports[0], ports[1], worker), num_workers=2, num_servers=2, out=out,
+              server_command=reversed_ports(ports[2], ports[3], launch.LAZY_SERVER), env={"OMP_NUM_THREADS": "1"})
+    job.start()
+    assert job.supervise(timeout=120) == 0, out.getvalue()
+    text = out.getvalue()
+    for index, rank in ((0, 1), (1, 0)):
+        assert f"[server {index}, rank {rank}] " in text and f"[worker {index}, rank {rank}] " in text
+    lines = [line for line in text.splitlines() if "registered as server rank" in line or "worker says rank" in line]
+    assert len(lines) == 4
+    for line in lines:
+        prefix, rest = line.split("] ", 1)
+        told = re.search(r"(?:registered as server|worker says) rank (\d+)", rest).group(1)
+        assert prefix.endswith(f", rank {told}"), line
+    assert "ps-lite numbers nodes by address, not start order" in text and "worker 0 is rank 1" in text
+    assert_all_gone(job)

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvstore_lazy"
 ALLOWED = {
     "kvstore_lazy.protocol": {"kvstore_lazy.protocol"},
     "kvstore_lazy.store": {"kvstore_lazy.store"},
-    "kvstore_lazy.initializers": set(),
+    "kvstore_lazy.initializers": {"kvstore_lazy.store"},
     "kvstore_lazy.compression": set(),
     "kvstore_lazy.optimizers": {"kvstore_lazy.store"},
     "kvstore_lazy.server": {"kvstore_lazy.server", "kvstore_lazy.protocol", "kvstore_lazy.store",

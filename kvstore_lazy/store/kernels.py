@@ -1,4 +1,4 @@
-"""Compiled inner loops for the row store and the SGD/Adam updates: ``kernels.c``, built with the C compiler and
+"""Compiled inner loops for the row store and the SGD/Adam updates: ``kernels.c``, compiled at install time and
 called through ctypes.
 
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
@@ -7,27 +7,24 @@ workers' row_sparse gradients, and the optimizer updates that read and write tab
 follows the numpy reference in :mod:`kvstore_lazy.optimizers` operation by operation, and the library is built so
 that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths against MXNet).
 
-Building. ``make venv`` (and the Docker image) runs ``python -m kvstore_lazy.store.kernels``, which compiles
-``kernels.c`` into ``_kernels-<hash of source and flags>.so`` beside it; a changed source gets a new name, so a
-stale library is never loaded. If that file is missing the first import builds it (next to the source if that
-directory is writable, else under ``$XDG_CACHE_HOME/kvstore_lazy``), with ``$CC`` or ``cc``. Concurrent builders
-each write a temporary file and rename it into place. A C library loaded with ctypes costs the server no memory to
-speak of (a JIT such as numba would add over 100 MB to every server's RSS).
+Building. ``setup.py`` compiles ``kernels.c`` into ``_kernels.so`` beside this file when the package is installed
+(``pip install .``, ``pip wheel .``; in place for ``pip install -e .``, which ``make venv`` runs), so the server
+runs from a read-only site-packages with no C compiler. Nothing is compiled at import: a missing library, or one
+built from another ``kernels.c`` (the library returns the SHA-256 of its source, checked against the file beside
+it), is a :class:`KernelLoadError` saying how to rebuild. A C library loaded with ctypes costs the server no memory
+to speak of (a JIT such as numba would add over 100 MB to every server's RSS).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 SOURCE = Path(__file__).with_name("kernels.c")
-CFLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+LIBRARY = Path(__file__).with_name("_kernels.so")
+REBUILD = "`pip install .` builds it (in a source checkout: `make venv`, or `pip install -e .`)"
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
@@ -41,71 +38,39 @@ _SIGNATURES = {
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
     "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
+    "box_muller_f64": [_ptr, _i64, ctypes.c_double, _ptr],
+    "log_unit_f64": [_ptr, _i64, _ptr],
+    "sincos_f64": [_ptr, _i64, _ptr, _ptr],
+    "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64}
+_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p}
 
 
-class KernelBuildError(ImportError):
-    """The C kernels could not be built (no C compiler?)."""
+class KernelLoadError(ImportError):
+    """The compiled kernels are missing, cannot be loaded, or were built from another kernels.c."""
 
 
-def library_name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    return f"_kernels-{digest}.so"
-
-
-def _candidates() -> list[Path]:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvstore_lazy"
-    return [SOURCE.parent / library_name(), cache / library_name()]
-
-
-def build() -> Path:
-    """The compiled library: an existing one, else built now (next to the source if writable, else in the cache)."""
-    for path in _candidates():
-        if path.exists():
-            return path
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise KernelBuildError(f"kvstore_lazy needs a C compiler (cc or gcc, or $CC) once, to build {SOURCE}")
-    errors = []
-    for path in _candidates():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-            os.close(fd)
-        except OSError as exc:
-            errors.append(f"{path.parent}: {exc}")
-            continue
-        try:
-            try:
-                proc = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
-                                      text=True, timeout=120)
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise KernelBuildError(f"could not run the C compiler {compiler!r} to build {SOURCE}: {exc}") from None
-            if proc.returncode:
-                raise KernelBuildError(f"building {SOURCE} failed ({compiler}):\n{proc.stderr.strip()}")
-            os.chmod(tmp, 0o755)    # mkstemp made it 0600: other users of this install must be able to load it
-            os.replace(tmp, path)   # atomic: a concurrent builder's identical file may win, either is fine
-            if path.parent == SOURCE.parent:   # builds of earlier sources beside this one (not in the shared cache,
-                for stale in path.parent.glob("_kernels-*.so"):   # which other installs use; unlinking is safe
-                    if stale.name != path.name:                   # even if a running process has one loaded)
-                        stale.unlink(missing_ok=True)
-            return path
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    raise KernelBuildError(f"no writable place for the compiled kernels: {'; '.join(errors)}")
-
-
-def _load() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, _RESTYPES.get(name)
+def load(library: Path = LIBRARY, source: Path = SOURCE) -> ctypes.CDLL:
+    """The compiled library with its function signatures set, after checking it was built from ``source`` (when
+    that file exists: it is installed beside this module, and is there in a source checkout)."""
+    if not library.exists():
+        raise KernelLoadError(f"kvstore_lazy's compiled kernels {library} are missing: {REBUILD}")
+    try:
+        lib = ctypes.CDLL(str(library))
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, _RESTYPES.get(name)
+    except (OSError, AttributeError) as exc:
+        raise KernelLoadError(f"cannot load kvstore_lazy's compiled kernels {library} ({exc}): {REBUILD}") from None
+    if source.exists():
+        built, want = lib.kernels_digest().decode(), hashlib.sha256(source.read_bytes()).hexdigest()
+        if built != want:
+            raise KernelLoadError(f"{library} was built from another {source.name} (sha256 {built[:12]}..., the "
+                                  f"source beside it is {want[:12]}...): rebuild it; {REBUILD}")
     return lib
 
 
-_lib = _load()
+_lib = load()
 
 
 def _addr(a: np.ndarray) -> int:
@@ -215,5 +180,40 @@ def adam_rows(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale
                    lr, wd, beta1, beta2, eps, rescale, clip, int(bool(square_first)))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Box-Muller with log/cos/sin of IEEE basic operations only (caller: initializers.NormalRows): the same bits on
+# every machine and numpy version
+
+def box_muller(u: np.ndarray, two_pi: float) -> np.ndarray:
+    """For float64 uniforms ``u`` in [0, 1) taken in pairs along the (even) last axis: ``rad * cos(theta)``,
+    ``rad * sin(theta)`` with ``rad = sqrt(-2 ln(1 - u[2i]))``, ``theta = u[2i + 1] * two_pi``."""
+    u = np.ascontiguousarray(u, np.float64)
+    if u.ndim == 0 or u.shape[-1] % 2 or not ((u >= 0) & (u < 1)).all():
+        raise ValueError("box_muller takes uniforms in [0, 1) in pairs along the last axis")
+    out = np.empty_like(u)
+    _lib.box_muller_f64(_addr(u), u.size // 2, float(two_pi), _addr(out))
+    return out
+
+
+def log_unit(x: np.ndarray) -> np.ndarray:
+    """The natural log box_muller uses, for float64 ``x`` in [2**-1022, 1]."""
+    x = np.ascontiguousarray(x, np.float64)
+    if not ((x >= 2.0 ** -1022) & (x <= 1)).all():
+        raise ValueError("log_unit takes normal float64 values in (0, 1]")
+    out = np.empty_like(x)
+    _lib.log_unit_f64(_addr(x), x.size, _addr(out))
+    return out
+
+
+def sincos(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sine and cosine box_muller uses, for float64 ``theta`` in [0, 2 pi]."""
+    theta = np.ascontiguousarray(theta, np.float64)
+    if not ((theta >= 0) & (theta <= 6.283185307179586)).all():
+        raise ValueError("sincos takes float64 values in [0, 2 pi]")
+    sin, cos = np.empty_like(theta), np.empty_like(theta)
+    _lib.sincos_f64(_addr(theta), theta.size, _addr(sin), _addr(cos))
+    return sin, cos
+
+
 if __name__ == "__main__":
-    print(f"kvstore_lazy kernels: {build()}")
+    print(f"kvstore_lazy kernels: {LIBRARY} (built from kernels.c sha256 {_lib.kernels_digest().decode()[:12]}...)")
