@@ -562,7 +562,7 @@ class ServerNode:
         for recver, frames in contents.pending:
             reply = Message.from_frames([identity_of(self.my_id)] + frames)
             owed[membership.message_signature(reply.meta, self.my_id, recver)] = (recver, reply)
-        replayed = 0
+        replayed = ticks = 0
         self._replaying = True
         try:
             for entry in contents.entries:
@@ -570,6 +570,7 @@ class ServerNode:
                     continue
                 if entry.sender == CLOCK_SENDER:
                     self.server.lifecycle.set_clock(struct.unpack("<d", entry.frames[0])[0])
+                    ticks += 1
                     continue
                 msg = Message.from_frames([identity_of(entry.sender)] + entry.frames)
                 self._remember(membership.message_signature(msg.meta, msg.sender, self.my_id))
@@ -586,8 +587,8 @@ class ServerNode:
             if sig not in contents.acked:
                 self._send(recver, reply)
                 resent += 1
-        log.info("recovered rank %d from %s: snapshot at request %d, %d journaled requests replayed%s, %d replies "
-                 "re-sent; %.3fs", rank, directory, base, replayed,
+        log.info("recovered rank %d from %s: snapshot at request %d, %d journaled requests replayed%s%s, %d replies "
+                 "re-sent; %.3fs", rank, directory, base, replayed, f" (and {ticks} clock ticks)" if ticks else "",
                  f" ({contents.torn_bytes} bytes of a torn last record ignored)" if contents.torn_bytes else "",
                  resent, time.monotonic() - started)
 

@@ -160,3 +160,21 @@ def test_killed_server_under_a_budget_recovers_bit_identical(tmp_path, budget_re
     assert faultjob.updates_lost(out) == 0
     assert server_tables(out) == tables, "the servers' tables differ from an undisturbed run"
     assert faultjob.processes_left(outcome.job) == []
+
+
+def test_killed_server_replays_its_clock_ticks(tmp_path):
+    """ttl_seconds runs on the server's clock, whose ticks are journaled: a server killed with kill -9 replays them
+    in order with the requests. (An undisturbed run cannot be the reference here: wall-clock TTL depends on how
+    fast a run goes.)"""
+    out = tmp_path / "run"
+    env = {"KVSTORE_LAZY_TTL_SECONDS": "2", "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "60"}   # the journal: from the start
+    outcome = faultjob.run(faultjob.make_job(out, sleep=0.05, server_env=env), out,
+                           fault=faultjob.kill_rank(0, delay=0.03), at_step=40)
+    log = outcome.log
+    assert outcome.code == 0, log[-6000:]
+    m = re.search(r"journaled requests replayed \(and (\d+) clock ticks\)", log)
+    assert m and int(m.group(1)) > 0, log[-4000:]
+    assert faultjob.updates_lost(out) == 0
+    evicted = sum(t.get("counters", {}).get("evicted_ttl", 0) for t in server_tables(out).values())
+    assert evicted > 0, "rows must expire by time during the run"
+    assert faultjob.processes_left(outcome.job) == []
