@@ -10,8 +10,11 @@ Durability and recovery (KVSTORE_LAZY_SNAPSHOT_DIR, KVSTORE_LAZY_JOURNAL, KVSTOR
   the first moment no dist_sync round is half-way (nothing merged and unanswered), so it is exactly "the state after
   the rounds so far". A LAZY_SNAPSHOT command with a body (a tag, e.g. ``{"step": 40}``) writes ``tagged/rank<r>``
   before it is answered: a whole job restarted later resumes from it (see ``ResumeGate``).
+- The periodic snapshots are a base plus deltas of what changed since the previous one (``checkpoint.SnapshotChain``;
+  a new base after KVSTORE_LAZY_SNAPSHOT_DELTAS deltas or when their bytes pass the base's, and at shutdown).
 - The journal (``journal``) has every request received since the last snapshot, written before the request is
-  ACKed or handled, and which of our replies the peers ACKed (PS_RESEND).
+  ACKed or handled, and which of our replies the peers ACKed (PS_RESEND); and, when a key expires rows by time, the
+  server's clock ticks (records from "node 0"), so a replay sees the same times between the same requests.
 - A server restarted with KVSTORE_LAZY_RECOVERY=1 *rejoins* its job: it binds the address it had (its
   ``node.rank<r>.json``), restores the snapshot, replays the journal (the same requests in the same order give the
   same state, half-done rounds included), re-sends the replies its peers never ACKed, and serves on. It does not

@@ -48,8 +48,9 @@ So count, probability and TTL in rounds give the same rows on any number of serv
 the same on every server: every worker pushes every server each step). The budget is per server.
 
 Bounded memory for unbounded id streams: the ids waiting for admission of a key are counted exactly in a row table
-of their own (id, count, last round counted: 8 + 4 + 4 bytes plus 8 to 16 of index), capped at ``admit_cap`` ids
-(``KVSTORE_LAZY_ADMIT_CAP``, default 2**20 per key: at most ~36 MiB). Over the cap, at the end of a round, the ids
+of their own (id, count, last round counted: 8 + 4 + 4 bytes, a change flag with snapshots, plus 4 to 8 of index;
+30 bytes an id measured), capped at ``admit_cap`` ids (``KVSTORE_LAZY_ADMIT_CAP``, default 2**20 per key: about
+32 MiB at most). Over the cap, at the end of a round, the ids
 counted longest ago (then the smallest ids) are forgotten until 90% of the cap is left (``forgotten`` in the stats):
 counting is exact within that window, no id is ever admitted by mistake (unlike a sketch, no false admissions), and
 an id seen again after it was forgotten starts over.
