@@ -314,7 +314,7 @@ class KVServer:
 
     def snapshot(self, delta: bool = False) -> tuple[dict, dict[int, dict]]:
         """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot; with `delta`, per key only what
-        changed since the last :meth:`snapshot_written` (checkpoint.write_delta). Pending sync-round merges are not
+        changed since the last :meth:`snapshot_written` (checkpoint.SnapshotChain). Pending sync-round merges are not
         included: their pushes were not acknowledged yet."""
         opt = self.optimizer
         meta = {
