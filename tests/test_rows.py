@@ -510,3 +510,21 @@ def test_removing_rows_gives_memory_back_and_slots_are_reused():
     table.remove_slots(np.arange(0, len(table), 3))                     # partial removals keep it consistent
     ids = table.row_ids()
     assert table.lookup(ids).tolist() == list(range(len(ids)))
+
+
+def test_large_removal_moves_rows_in_chunks_and_keeps_them():
+    table = RowTable(2, np.float32, 1, columns={"tag": np.int32})
+    ids = np.arange(300_000, dtype=U64) * U64(2654435761)
+    slots = table.ensure(ids, lambda new: np.stack([new.astype(np.float32), -new.astype(np.float32)], 1))
+    table.set_states(slots, [np.arange(600_000, dtype=np.float32).reshape(-1, 2)])
+    table.column("tag")[slots] = np.arange(300_000, dtype=np.int32)
+    gone = np.arange(0, 300_000, 2)
+    table.remove_slots(slots[gone])                  # 75,000 holes below the new length: more than one chunk
+    assert len(table) == 150_000
+    kept = np.setdiff1d(np.arange(300_000), gone)
+    out = table.export()
+    np.testing.assert_array_equal(out["row_ids"], np.sort(ids[kept]))
+    order = np.argsort(ids[kept])
+    np.testing.assert_array_equal(out["weights"][:, 0], ids[kept][order].astype(np.float32))
+    np.testing.assert_array_equal(out["states"][0][:, 0], (2 * kept[order]).astype(np.float32))
+    np.testing.assert_array_equal(out["columns"]["tag"], kept[order].astype(np.int32))

@@ -409,15 +409,17 @@ class RowSparseKey:
             self.policy.counters["evicted_ttl"] += len(slots)
         return len(slots)
 
-    def scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """(eviction score, global row id) of every row, for the memory budget."""
-        return self.policy.scores(self._table), self._table.row_ids()
+    def scores(self) -> np.ndarray:
+        """The eviction score of every slot, for the memory budget."""
+        return self.policy.scores(self._table)
 
-    def evict(self, row_ids: np.ndarray) -> int:
-        """Remove existing rows `row_ids` (the budget's choice); their next touch starts them over."""
-        slots = self._table.lookup(row_ids)
-        if np.any(slots < 0):
-            raise KeyError(f"key {self.key}: a row chosen for eviction does not exist")
+    def ids_at(self, slots: np.ndarray) -> np.ndarray:
+        """Global row ids of existing slots."""
+        return self._table.ids_at(slots)
+
+    def evict(self, slots: np.ndarray) -> int:
+        """Remove the rows at `slots` (the budget's choice, from :meth:`scores` of this table as it is); their next
+        touch starts them over."""
         self._table.remove_slots(slots)
         self.policy.counters["evicted_budget"] += len(slots)
         return len(slots)

@@ -341,12 +341,13 @@ class RowPolicy:
         return np.unique(np.concatenate(out)) if len(out) > 1 else out[0]
 
     def scores(self, table: RowTable) -> np.ndarray:
-        """Eviction scores of every slot (int64, lower goes first)."""
+        """Eviction scores of every slot (lower goes first): LRU int32 (the last push round minus the key's round,
+        <= 0), LFU int64 (rounds pushed, then that)."""
         n = len(table)
-        age = table.column("last")[:n].astype(np.int64) - self.round       # <= 0; older rows are lower
+        age = table.column("last")[:n] - np.int32(self.round)
         if self.lifecycle.settings.evict == "lru":
             return age
-        return (table.column("count")[:n].astype(np.int64) << 32) + (age + (1 << 31))
+        return (table.column("count")[:n].astype(np.int64) << 32) + (age.astype(np.int64) + (1 << 31))
 
     def _trim_pending(self) -> None:
         cap = self.lifecycle.settings.admit_cap
@@ -451,34 +452,47 @@ class Lifecycle:
 
     def enforce_budget(self, keys: dict) -> int:
         """Over the budget: evict the lowest-scoring rows of lazy keys (score, then key, then row id) until the
-        accounted bytes are at the low watermark. Returns the rows evicted."""
+        accounted bytes are at the low watermark. Returns the rows evicted. Its temporaries are a few bytes a row
+        (the scores and one copy of them), not copies of the rows or their ids."""
         budget = self.settings.memory_budget
         total = self.accounted(keys)
         if total <= budget:
             return 0
         excess = total - int(budget * self.settings.low_watermark)
-        keyed = sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))
-        if not keyed:
+        entries = [e for _, e in sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))]
+        if not entries:
             return self._cannot(total)
-        scores, owners, row_ids, sizes = [], [], [], []
-        for index, (_, entry) in enumerate(keyed):
-            s, ids = entry.scores()
-            scores.append(s)
-            row_ids.append(ids)
-            owners.append(np.full(len(s), index, np.int32))
-            sizes.append(entry.row_nbytes())
-        scores, owners, row_ids = np.concatenate(scores), np.concatenate(owners), np.concatenate(row_ids)
-        row_bytes = np.asarray(sizes, np.int64)
-        # at most this many rows are needed (all of the smallest size); pick them by (score, key, id)
-        want = min(len(scores), -(-excess // int(row_bytes.min())))
-        chosen = _lowest(scores, owners, row_ids, want)
-        cut = int(np.searchsorted(np.cumsum(row_bytes[owners[chosen]]), excess)) + 1
-        chosen = chosen[:cut]
+        sizes = np.array([entry.row_nbytes() for entry in entries], np.int64)
+        # at most this many rows are needed (all of the smallest size): the score of the want-th lowest row (found
+        # by partitioning fresh scores in place; they are computed again after, cheaper than holding a copy)
+        want = min(sum(len(e) for e in entries), -(-excess // int(sizes.min())))
+        every = np.concatenate([entry.scores() for entry in entries]) if len(entries) > 1 else entries[0].scores()
+        every.partition(want - 1)
+        threshold = every[want - 1]
+        del every
+        scores = [entry.scores() for entry in entries]
+        # the rows below it, then ties by (key, row id), then all of them in (score, key, row id) order
+        below = [np.flatnonzero(x < threshold) for x in scores]
+        tied = [np.flatnonzero(x == threshold) for x in scores]
+        need = want - sum(len(b) for b in below)
+        keep_ties = []
+        for entry, slots in zip(entries, tied):
+            order = np.argsort(entry.ids_at(slots), kind="stable")[:max(need, 0)]
+            keep_ties.append(slots[order])
+            need -= len(order)
+        parts = [np.concatenate([b, t]) for b, t in zip(below, keep_ties)]
+        owner = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(parts)])
+        slots = np.concatenate(parts)
+        score = np.concatenate([x[p].astype(np.int64) for x, p in zip(scores, parts)])
+        ids = np.concatenate([entry.ids_at(p) for entry, p in zip(entries, parts)])
+        order = np.lexsort((ids, owner, score))
+        cut = int(np.searchsorted(np.cumsum(sizes[owner[order]]), excess)) + 1
+        chosen = order[:cut]
         evicted = 0
-        for index, (_, entry) in enumerate(keyed):
-            mine = chosen[owners[chosen] == index]
+        for index, entry in enumerate(entries):
+            mine = slots[chosen[owner[chosen] == index]]
             if len(mine):
-                evicted += entry.evict(row_ids[mine])
+                evicted += entry.evict(mine)
         self.budget_passes += 1
         if self.accounted(keys) > budget:
             self._cannot(self.accounted(keys))
@@ -502,16 +516,3 @@ class Lifecycle:
         if state:
             self.clock = float(state.get("clock", 0.0))
             self.budget_passes = int(state.get("budget_passes", 0))
-
-
-def _lowest(scores: np.ndarray, owners: np.ndarray, row_ids: np.ndarray, want: int) -> np.ndarray:
-    """Indexes of the ``want`` lowest (score, owner, row id), in that order. O(n) to find the score threshold,
-    then a sort of the rows at or below it."""
-    if want <= 0:
-        return np.zeros(0, np.int64)
-    threshold = np.partition(scores, want - 1)[want - 1]
-    below = np.flatnonzero(scores < threshold)
-    ties = np.flatnonzero(scores == threshold)
-    ties = ties[np.lexsort((row_ids[ties], owners[ties]))][:want - len(below)]
-    picked = np.concatenate([below, ties])
-    return picked[np.lexsort((row_ids[picked], owners[picked], scores[picked]))]

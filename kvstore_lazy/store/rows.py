@@ -55,6 +55,7 @@ MAX_LOAD = 0.5
 ARENA_GROWTH = 2
 
 _MIN_BUCKETS = 8
+_MOVE_CHUNK = 1 << 16            # rows moved per take/put when a removal refills slots
 _MAX_INT32_SLOTS = 2**31  # tables that may hold this many rows use int64 slots
 
 
@@ -326,8 +327,8 @@ class RowTable:
         ids = self._index.ids_at(self._slots(slots)).copy()
         holes, movers = self._index.remove(slots)
         for arena in self._all_arenas():
-            if len(holes):
-                arena.put(holes, arena.take(movers))
+            for lo in range(0, len(holes), _MOVE_CHUNK):    # in chunks: the temporary copy stays small
+                arena.put(holes[lo:lo + _MOVE_CHUNK], arena.take(movers[lo:lo + _MOVE_CHUNK]))
             arena.clear(len(self), n)
         if self._changed is not None:
             self._removed.append(ids)
@@ -381,6 +382,10 @@ class RowTable:
     def row_ids(self) -> np.ndarray:
         """Ids by slot (a copy)."""
         return self._index.row_ids()
+
+    def ids_at(self, slots) -> np.ndarray:
+        """Ids of the rows at `slots` (in use: else IndexError)."""
+        return self._index.ids_at(self._slots(slots))
 
     def items(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """``(ids ascending, their weights, [their states]...)``, all copies: for snapshots and checkpoints."""
