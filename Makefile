@@ -54,7 +54,7 @@ SERVER_JOBS   := tests/test_server_python.py \
                  "tests/test_training_integration.py::test_training_matches_stock[gluon-sync-2s-adam-partitioned]" \
                  "tests/test_training_integration.py::test_training_matches_stock[module-async-1s-sgd]" \
                  "tests/test_dense_integration.py::test_dense_matches_stock[sync-2s-2bit]" \
-                 "tests/test_lazy_integration.py::test_lazy_init_ships_no_rows_and_stores_only_touched[2servers-partitioned]" \
+                 "tests/test_lazy_integration.py::test_lazy_init_ships_no_rows_and_stores_only_trained[2servers-partitioned]" \
                  tests/test_lazy_integration.py::test_same_initial_rows_with_1_and_2_servers_and_shuffled_pulls
 NO_CC_PATH    := $$($(CURDIR)/$(PY) $(CURDIR)/tests/path_without_compilers.py $(CURDIR)/build/no-cc-bin)
 

@@ -71,6 +71,7 @@ CLOCK_SENDER = 0                # journal records from "node 0" are the server's
 CLOCK_EVERY = 1.0               # s between clock ticks, when a key expires rows by time
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
+DRAIN_MAX = 64                  # queued messages served per loop iteration before the timers run
 
 
 class StartupError(RuntimeError):
@@ -437,8 +438,15 @@ class ServerNode:
         assert self.server is not None
         while not self.server.stopped:
             msg = self._recv(self._poll_timeout())
-            if msg is not None:
+            # every message already queued before the timers (at most DRAIN_MAX; a due snapshot still looks for
+            # the first quiescent moment after each message)
+            served = 0
+            while msg is not None:
                 self._dispatch(msg)
+                served += 1
+                if served == DRAIN_MAX or self.server.stopped or self._snapshot_due:
+                    break
+                msg = self._recv(0)
             self._timers()
         self.log_stats("at shutdown")
         if self.config.snapshot_dir:
@@ -726,7 +734,8 @@ class ServerNode:
         except ProtocolError as exc:
             log.error("dropping a malformed message from identity %r: %s", bytes(frames[0])[:16], exc)
             return None
-        msg.frames = frames[1:]   # as received: what the journal keeps
+        if self.journal is not None:
+            msg.frames = frames[1:]   # as received: what the journal keeps
         if self.config.verbose >= 2:
             log.info("recv from %s: %s (%d data frames)", node_name(msg.sender), msg.meta, len(msg.data))
         return msg
