@@ -10,6 +10,7 @@ and JSON manifests checked before anything is loaded; MXNet's NDArray files are 
 Snapshot layout (one directory per server rank)::
 
     <dir>/rank<r>/manifest.json   {"format": 1, "rank": r, "num_servers": S, "server": {...}, "chain": {"id": C},
+                                   "writer": {"host": advertised host, "port": p},
                                    "keys": {"<key>": {meta..., "rows": n, "num_states": s, "arrays": [names]}}}
     <dir>/rank<r>/key<k>.npz      row_ids (uint64, global, sorted), weights (rows, row_size), state0, state1, ...,
                                   and the named per-row arrays: col_<name> (row columns: a policy's last push
@@ -180,11 +181,12 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
 
 
 def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, tables: dict[int, dict],
-                   server: dict | None = None) -> Path:
+                   server: dict | None = None, writer: dict | None = None) -> Path:
     """Write one server's rows (a full snapshot). `tables` maps key -> {"row_ids", "weights", "states", "meta",
     optional "arrays": {name: per-row array}} (meta: JSON-able); `server` is JSON-able server-wide state (mode,
-    optimizer, declarations)."""
-    return _write_base(Path(directory) / f"rank{rank}", rank, num_servers, tables, server, None)[0]
+    optimizer, declarations); `writer` the advertised host and port of the server writing it
+    (``node_lifecycle.check_snapshot_owner``)."""
+    return _write_base(Path(directory) / f"rank{rank}", rank, num_servers, tables, server, None, writer)[0]
 
 
 def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
@@ -207,7 +209,7 @@ def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
 
 
 def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dict], server: dict | None,
-                chain: str | None) -> tuple[Path, str, int]:
+                chain: str | None, writer: dict | None = None) -> tuple[Path, str, int]:
     """(path, sha256 of its manifest, bytes written)."""
     out = {}
 
@@ -215,6 +217,8 @@ def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dic
         manifest = {"format": FORMAT, "rank": rank, "num_servers": num_servers, "server": server or {}, "keys": {}}
         if chain is not None:
             manifest["chain"] = {"id": chain}
+        if writer is not None:
+            manifest["writer"] = writer
         for key, table in tables.items():
             table = {k: v for k, v in table.items() if k != "mode"}
             manifest["keys"][str(key)] = _write_key(tmp, key, table, checksum=False)
@@ -428,9 +432,10 @@ class SnapshotChain:
     after ``max_deltas`` deltas, once the deltas' bytes pass ``compact_ratio`` x the base's, or when asked)."""
 
     def __init__(self, directory: str | os.PathLike, rank: int, num_servers: int,
-                 max_deltas: int = DEFAULT_MAX_DELTAS, compact_ratio: float = 1.0) -> None:
+                 max_deltas: int = DEFAULT_MAX_DELTAS, compact_ratio: float = 1.0, writer: dict | None = None) -> None:
         self.directory, self.rank, self.num_servers = Path(directory), rank, num_servers
         self.max_deltas, self.compact_ratio = max_deltas, compact_ratio
+        self.writer = writer              # recorded in every base (node_lifecycle.check_snapshot_owner)
         self.state: dict | None = None
 
     def resume(self, loaded: Loaded | None) -> None:
@@ -448,7 +453,7 @@ class SnapshotChain:
         if not delta:
             chain = secrets.token_hex(8)
             path, sha, size = _write_base(self.directory / f"rank{self.rank}", self.rank, self.num_servers, tables,
-                                          server, chain)
+                                          server, chain, self.writer)
             self.state = {"id": chain, "seq": 0, "sha256": sha, "base_bytes": size, "delta_bytes": 0}
             return path, size
         s = self.state

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 
 import faultjob
+from cluster import netns_unavailable
 from kvstore_lazy import checkpoint
 from kvstore_lazy.launch import Job, NetnsPlacer, parse_netns_map
 
@@ -37,21 +37,8 @@ PREFIX = os.environ.get("KVL_TEST_NETNS_PREFIX") or f"kvlt{os.getpid() % 100000}
 HOSTS = ["sched", "server0", "server1", "worker0", "worker1"]
 
 
-def _why_not() -> str | None:
-    if sys.platform != "linux":
-        return "network namespaces are Linux only"
-    if os.geteuid() != 0:
-        return "needs root (ip netns)"
-    if shutil.which("ip") is None:
-        return "needs iproute2 (ip): apt-get install iproute2"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"ip netns does not work here: {probe.stderr.strip()}"
-    return None
-
-
 pytestmark = [pytest.mark.cluster, pytest.mark.integration,
-              pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+              pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))]
 
 
 def sh(*args: str, check: bool = True) -> str:
