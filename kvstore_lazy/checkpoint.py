@@ -1,18 +1,44 @@
 """Atomic files, server snapshots, and what a checkpoint of lazy rows needs to rebuild the rows it does not hold.
 
 Owns: writing a file or a directory so that a crash mid-write leaves the previous version intact (temp file, fsync,
-rename, fsync of the directory); the snapshot layout a server writes and reloads; the sidecar that describes the
-lazy parameters of a checkpoint file, and ``densify`` (``python -m kvstore_lazy.checkpoint densify IN OUT``), which
-writes a stock file with absent rows filled in. numpy only (never mxnet: the server imports this module); snapshots
-are ``.npz`` files read with ``allow_pickle=False`` and a JSON manifest checked before anything is loaded; MXNet's
-NDArray files are read and written by ``ndfile``.
+rename, fsync of the directory); the snapshot layout a server writes and reloads: a full snapshot (the *base*)
+plus incremental *deltas*; the sidecar that describes the lazy parameters of a checkpoint file, and ``densify``
+(``python -m kvstore_lazy.checkpoint densify IN OUT``), which writes a stock file with absent rows filled in. numpy
+only (never mxnet: the server imports this module); snapshots are ``.npz`` files read with ``allow_pickle=False``
+and JSON manifests checked before anything is loaded; MXNet's NDArray files are read and written by ``ndfile``.
 
 Snapshot layout (one directory per server rank)::
 
-    <dir>/rank<r>/manifest.json   {"format": 1, "rank": r, "num_servers": S, "keys": {"<key>": {...}},
-                                   "writer": {"host": advertised host, "port": p}}
-    <dir>/rank<r>/key<k>.npz      row_ids (uint64, global, sorted), weights (rows, row_size), state0, state1, ...
+    <dir>/rank<r>/manifest.json   {"format": 1, "rank": r, "num_servers": S, "server": {...}, "chain": {"id": C},
+                                   "writer": {"host": advertised host, "port": p},
+                                   "keys": {"<key>": {meta..., "rows": n, "num_states": s, "arrays": [names]}}}
+    <dir>/rank<r>/key<k>.npz      row_ids (uint64, global, sorted), weights (rows, row_size), state0, state1, ...,
+                                  and the named per-row arrays: col_<name> (row columns: a policy's last push
+                                  round, count...), pending_ids/pending_count/pending_last (ids waiting for
+                                  admission, sorted)
+    <dir>/rank<r>/delta-000001/   the first delta after the base, then delta-000002, ... (see below)
 
+Incremental snapshots (:class:`SnapshotChain`, :func:`load_snapshot`)::
+
+    rank<r>/manifest.json ──sha256──┐          ┌──sha256──┐
+      "chain": {"id": C}            │          │          │
+    rank<r>/delta-000001/manifest.json         │     rank<r>/delta-000002/manifest.json   ...
+      {"format": "delta-1", "chain": C, "seq": 1,         {"chain": C, "seq": 2,
+       "prev": {"seq": 0, "sha256": <base manifest>},       "prev": {"seq": 1, "sha256": <delta 1 manifest>},
+       "server": {...state now...},                         ...}
+       "keys": {"<k>": {"mode": "delta"|"full", "sha256": <key<k>.npz>, meta...}}}
+    rank<r>/delta-000001/key<k>.npz   mode delta: the rows created or written since the previous snapshot (same
+                                      arrays as a base, those rows only), dead_ids (sorted): rows removed since
+                                      then and not re-created (tombstones: a removed row is *absent*, never a value),
+                                      pending_dead likewise for the pending ids; mode full: the whole key (new, or
+                                      rebuilt since: new optimizer, multi-precision), as in a base.
+
+A delta holds what changed since the snapshot before it (base or delta), so a restore reads the base and then every
+delta in order, the newest's ``server`` state ruling. The loader refuses (SnapshotError naming the file) a delta
+whose ``seq`` does not follow its predecessor (a gap), whose ``chain`` is not the base's or whose ``prev`` checksum
+is not its predecessor manifest's (a stale delta: left by another chain, or its predecessor was rewritten), or whose
+files do not match their checksums (corrupted). A new base replaces the whole ``rank<r>`` directory atomically
+(deltas included): that is the compaction, after ``max_deltas`` deltas or once the deltas' bytes pass the base's.
 Checkpoint sidecar. A checkpoint (``mx.nd.save`` format) holds a lazy parameter as a RowSparseNDArray of the rows
 that exist; what the absent rows are is said beside it, in ``<file>.lazy.json``, not in the file: stock readers
 must keep loading the file unchanged, and an extra entry breaks two of them (Gluon ``load_parameters`` refuses a
@@ -39,11 +65,14 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
 import tempfile
+import zipfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -153,26 +182,52 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
 
 def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, tables: dict[int, dict],
                    server: dict | None = None, writer: dict | None = None) -> Path:
-    """Write one server's rows. `tables` maps key -> {"row_ids", "weights", "states", "meta"} (meta: JSON-able);
-    `server` is JSON-able server-wide state (mode, optimizer, declarations); `writer` the advertised host and port
-    of the server writing it (``node_lifecycle.check_snapshot_owner``)."""
-    target = Path(directory) / f"rank{rank}"
+    """Write one server's rows (a full snapshot). `tables` maps key -> {"row_ids", "weights", "states", "meta",
+    optional "arrays": {name: per-row array}} (meta: JSON-able); `server` is JSON-able server-wide state (mode,
+    optimizer, declarations); `writer` the advertised host and port of the server writing it
+    (``node_lifecycle.check_snapshot_owner``)."""
+    return _write_base(Path(directory) / f"rank{rank}", rank, num_servers, tables, server, None, writer)[0]
+
+
+def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
+    """key<k>.npz of one key's table; its manifest entry."""
+    arrays = {"row_ids": np.asarray(table["row_ids"], np.uint64), "weights": np.asarray(table["weights"])}
+    for i, state in enumerate(table.get("states", [])):
+        arrays[f"state{i}"] = np.asarray(state)
+    extra = table.get("arrays", {})
+    for name, value in extra.items():
+        arrays[name] = np.asarray(value)
+    path = directory / f"key{key}.npz"
+    np.savez(path, **arrays)
+    entry = dict(table.get("meta", {}), rows=int(len(arrays["row_ids"])), num_states=len(table.get("states", [])),
+                 arrays=sorted(extra))
+    if "mode" in table:
+        entry["mode"] = table["mode"]
+    if checksum:
+        entry["sha256"] = _file_digest(path)[0]
+    return entry
+
+
+def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dict], server: dict | None,
+                chain: str | None, writer: dict | None = None) -> tuple[Path, str, int]:
+    """(path, sha256 of its manifest, bytes written)."""
+    out = {}
 
     def fill(tmp: Path) -> None:
         manifest = {"format": FORMAT, "rank": rank, "num_servers": num_servers, "server": server or {}, "keys": {}}
+        if chain is not None:
+            manifest["chain"] = {"id": chain}
         if writer is not None:
             manifest["writer"] = writer
         for key, table in tables.items():
-            arrays = {"row_ids": np.asarray(table["row_ids"], np.uint64), "weights": np.asarray(table["weights"])}
-            for i, state in enumerate(table.get("states", [])):
-                arrays[f"state{i}"] = np.asarray(state)
-            np.savez(tmp / f"key{key}.npz", **arrays)
-            manifest["keys"][str(key)] = dict(table.get("meta", {}), rows=int(len(arrays["row_ids"])),
-                                              num_states=len(table.get("states", [])))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            table = {k: v for k, v in table.items() if k != "mode"}
+            manifest["keys"][str(key)] = _write_key(tmp, key, table, checksum=False)
+        text = json.dumps(manifest, indent=1).encode()
+        (tmp / "manifest.json").write_bytes(text)
+        out["sha"], out["bytes"] = hashlib.sha256(text).hexdigest(), sum(f.stat().st_size for f in tmp.iterdir())
 
     atomic_write_dir(target, fill)
-    return target
+    return target, out["sha"], out["bytes"]
 
 
 def read_manifest(directory: str | os.PathLike, rank: int) -> dict | None:
@@ -189,18 +244,25 @@ def read_manifest(directory: str | os.PathLike, rank: int) -> dict | None:
 
 
 def read_snapshot_key(directory: str | os.PathLike, rank: int, key: int, expected: dict) -> dict:
-    """Load one key's arrays, checking them against the manifest entry `expected`."""
-    path = Path(directory) / f"rank{rank}" / f"key{key}.npz"
-    with np.load(path, allow_pickle=False) as data:
-        row_ids = data["row_ids"]
-        weights = data["weights"]
-        states = [data[f"state{i}"] for i in range(expected.get("num_states", 0))]
+    """Load one key's arrays of a base, checking them against the manifest entry `expected`."""
+    return _read_key(Path(directory) / f"rank{rank}" / f"key{key}.npz", expected)
+
+
+def _read_key(path: Path, expected: dict) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            row_ids = data["row_ids"]
+            weights = data["weights"]
+            states = [data[f"state{i}"] for i in range(expected.get("num_states", 0))]
+            arrays = {name: data[name] for name in expected.get("arrays", [])}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise SnapshotError(f"{path}: unreadable ({exc})") from None
     if len(row_ids) != expected["rows"] or weights.shape[0] != len(row_ids):
         raise SnapshotError(f"{path}: {len(row_ids)} row ids and {weights.shape[0]} weight rows, manifest says "
                             f"{expected['rows']}")
     if any(s.shape != weights.shape for s in states):
         raise SnapshotError(f"{path}: optimizer state shapes differ from the weights")
-    return {"row_ids": row_ids, "weights": weights, "states": states}
+    return {"row_ids": row_ids, "weights": weights, "states": states, "arrays": arrays}
 
 
 def read_tags(directory: str | os.PathLike) -> dict[int, object]:
@@ -339,6 +401,216 @@ def lazy_rows(spec: dict, row_ids: np.ndarray, stored_ids: np.ndarray, stored_va
                                                       (spec["rows"],) + row_shape, dtype)
         out[~hit] = values.reshape((len(absent),) + row_shape)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# incremental server snapshots: a base plus deltas (format in the module docstring)
+
+DELTA_FORMAT = "delta-1"
+DEFAULT_MAX_DELTAS = 8
+_DELTA_DIR = re.compile(r"delta-(\d{6})")
+# per-row arrays by group: the group's id array, its tombstones, and the prefix of its other arrays
+_GROUPS = (("row_ids", "dead_ids", None), ("pending_ids", "pending_dead", "pending_"))
+
+
+def delta_path(directory: str | os.PathLike, rank: int, seq: int) -> Path:
+    return Path(directory) / f"rank{rank}" / f"delta-{seq:06d}"
+
+
+@dataclass
+class Loaded:
+    """A snapshot as :func:`load_snapshot` folds it: the base manifest with the newest ``server`` state, the tables
+    per key (``{"row_ids", "weights", "states", "arrays", "meta"}``) and where the chain stands."""
+
+    manifest: dict
+    tables: dict
+    chain: dict | None        # {"id", "seq", "sha256", "base_bytes", "delta_bytes"}: where the next delta goes
+
+
+class SnapshotChain:
+    """Where one server's periodic snapshots go: the next delta of the chain on disk, or a new base (a fresh chain,
+    after ``max_deltas`` deltas, once the deltas' bytes pass ``compact_ratio`` x the base's, or when asked)."""
+
+    def __init__(self, directory: str | os.PathLike, rank: int, num_servers: int,
+                 max_deltas: int = DEFAULT_MAX_DELTAS, compact_ratio: float = 1.0, writer: dict | None = None) -> None:
+        self.directory, self.rank, self.num_servers = Path(directory), rank, num_servers
+        self.max_deltas, self.compact_ratio = max_deltas, compact_ratio
+        self.writer = writer              # recorded in every base (node_lifecycle.check_snapshot_owner)
+        self.state: dict | None = None
+
+    def resume(self, loaded: Loaded | None) -> None:
+        """Continue the chain a restored server was loaded from."""
+        self.state = dict(loaded.chain) if loaded is not None and loaded.chain else None
+
+    def next_is_delta(self) -> bool:
+        s = self.state
+        return (s is not None and self.max_deltas > 0 and s["seq"] < self.max_deltas
+                and s["delta_bytes"] <= self.compact_ratio * s["base_bytes"])
+
+    def write(self, server: dict, tables: dict[int, dict], delta: bool) -> tuple[Path, int]:
+        """Write `tables` (``KVServer.snapshot(delta=...)`` of the same `delta` as :meth:`next_is_delta` said) as the
+        next delta or as a new base; returns (path, bytes written)."""
+        if not delta:
+            chain = secrets.token_hex(8)
+            path, sha, size = _write_base(self.directory / f"rank{self.rank}", self.rank, self.num_servers, tables,
+                                          server, chain, self.writer)
+            self.state = {"id": chain, "seq": 0, "sha256": sha, "base_bytes": size, "delta_bytes": 0}
+            return path, size
+        s = self.state
+        assert s is not None, "a delta needs a base"
+        seq = s["seq"] + 1
+        path = delta_path(self.directory, self.rank, seq)
+        out = {}
+
+        def fill(tmp: Path) -> None:
+            manifest = {"format": DELTA_FORMAT, "rank": self.rank, "num_servers": self.num_servers,
+                        "chain": s["id"], "seq": seq, "prev": {"seq": s["seq"], "sha256": s["sha256"]},
+                        "server": server, "keys": {}}
+            for key, table in tables.items():
+                manifest["keys"][str(key)] = _write_key(tmp, key, dict(table, mode=table.get("mode", "full")),
+                                                        checksum=True)
+            text = json.dumps(manifest, indent=1).encode()
+            (tmp / "manifest.json").write_bytes(text)
+            out["sha"], out["bytes"] = hashlib.sha256(text).hexdigest(), sum(f.stat().st_size for f in tmp.iterdir())
+
+        atomic_write_dir(path, fill)
+        self.state = dict(s, seq=seq, sha256=out["sha"], delta_bytes=s["delta_bytes"] + out["bytes"])
+        return path, out["bytes"]
+
+
+def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
+    """The snapshot of `rank` in `directory` (base and deltas folded), None if there is none; SnapshotError for a
+    gap, a stale or a corrupted delta, or an unreadable file."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, rank)
+    if manifest is None:
+        return None
+    rank_dir = directory / f"rank{rank}"
+    tables = {int(k): dict(_read_key(rank_dir / f"key{k}.npz", info), meta=info)
+              for k, info in manifest["keys"].items()}
+    chain_id = manifest.get("chain", {}).get("id")
+    chain = None
+    if chain_id is not None:
+        sha = _file_digest(rank_dir / "manifest.json")[0]
+        base_bytes = sum(f.stat().st_size for f in rank_dir.iterdir() if f.is_file())
+        chain = {"id": chain_id, "seq": 0, "sha256": sha, "base_bytes": base_bytes, "delta_bytes": 0}
+    deltas = sorted((int(m.group(1)), p) for p in rank_dir.iterdir()
+                    if p.is_dir() and (m := _DELTA_DIR.fullmatch(p.name)))
+    if deltas and chain is None:
+        raise SnapshotError(f"{rank_dir}: deltas {deltas[0][1].name}... beside a base that starts no chain")
+    changes: dict[int, tuple[str, dict]] = {}     # key -> (mode, what the deltas so far make of it)
+    server = manifest.get("server", {})
+    for seq, path in deltas:
+        if seq != chain["seq"] + 1:
+            raise SnapshotError(f"{path}: delta {seq} follows {'the base' if chain['seq'] == 0 else 'delta %d' % chain['seq']}"
+                                f": delta {chain['seq'] + 1} is missing (a gap in the chain); refusing to load")
+        delta_manifest, sha = _read_delta_manifest(path)
+        if delta_manifest.get("chain") != chain["id"]:
+            raise SnapshotError(f"{path}: a stale delta (of chain {delta_manifest.get('chain')!r}, the base starts "
+                                f"chain {chain['id']!r}); refusing to load")
+        prev = delta_manifest.get("prev") or {}
+        if prev.get("seq") != chain["seq"] or prev.get("sha256") != chain["sha256"]:
+            raise SnapshotError(f"{path}: does not follow its predecessor (its checksum of "
+                                f"{'the base' if chain['seq'] == 0 else 'delta %d' % chain['seq']} differs): a stale "
+                                f"delta, or its predecessor was rewritten; refusing to load")
+        for k, info in delta_manifest["keys"].items():
+            file = path / f"key{k}.npz"
+            if not file.exists() or _file_digest(file)[0] != info.get("sha256"):
+                raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
+                                    f"to load")
+            table, key = dict(_read_key(file, info), meta=info), int(k)
+            if info.get("mode") != "delta":
+                changes[key] = ("full", table)
+            elif key in changes:
+                mode, older = changes[key]
+                changes[key] = (mode, _fold(older, table, base=mode == "full"))
+            elif key in tables:
+                changes[key] = ("delta", table)
+            else:
+                raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
+        server = delta_manifest.get("server", {})
+        chain = dict(chain, seq=seq, sha256=sha,
+                     delta_bytes=chain["delta_bytes"] + sum(f.stat().st_size for f in path.iterdir()))
+    for key, (mode, table) in changes.items():
+        tables[key] = _fold(tables[key], table, base=True) if mode == "delta" else table
+        tables[key]["meta"] = dict(tables[key]["meta"], rows=len(tables[key]["row_ids"]))
+        tables[key]["meta"].pop("mode", None)
+    return Loaded(dict(manifest, server=server), tables, chain)
+
+
+def _read_delta_manifest(path: Path) -> tuple[dict, str]:
+    file = path / "manifest.json"
+    try:
+        text = file.read_bytes()
+        manifest = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"{file}: unreadable ({exc}); refusing to load") from None
+    if manifest.get("format") != DELTA_FORMAT or not isinstance(manifest.get("keys"), dict):
+        raise SnapshotError(f"{file}: not a delta manifest (format {manifest.get('format')!r})")
+    return manifest, hashlib.sha256(text).hexdigest()
+
+
+def _group(table: dict, ids_name: str, dead_name: str, prefix: str | None) -> dict:
+    arrays = table["arrays"]
+    if ids_name == "row_ids":
+        ids = table["row_ids"]
+        cols = {"weights": table["weights"], **{f"state{i}": s for i, s in enumerate(table["states"])},
+                **{n: a for n, a in arrays.items() if n.startswith("col_")}}
+    else:
+        ids = arrays.get(ids_name)
+        cols = {n: a for n, a in arrays.items() if n.startswith(prefix) and n not in (ids_name, dead_name)}
+    return {"ids": ids, "cols": cols, "dead": arrays.get(dead_name, np.zeros(0, np.uint64))}
+
+
+def _fold(older: dict, newer: dict, base: bool = False) -> dict:
+    """`newer` (mode delta) applied on `older` (a base, or the deltas before it folded): rows and pending ids of
+    `newer` replace or add, its tombstones remove; with `base`, the result is a full table."""
+    out = {"meta": newer["meta"], "arrays": {}}
+    for ids_name, dead_name, prefix in _GROUPS:
+        old, new = _group(older, ids_name, dead_name, prefix), _group(newer, ids_name, dead_name, prefix)
+        if new["ids"] is None:
+            if old["ids"] is not None:
+                _put_group(out, ids_name, dead_name, old if not base else dict(old, dead=None))
+            continue
+        if old["ids"] is None:
+            old = {"ids": np.zeros(0, np.uint64), "cols": {n: a[:0] for n, a in new["cols"].items()},
+                   "dead": np.zeros(0, np.uint64)}
+        if set(old["cols"]) != set(new["cols"]):
+            raise SnapshotError(f"key {newer['meta'].get('kind')} arrays {sorted(new['cols'])} of a delta differ "
+                                f"from its predecessor's {sorted(old['cols'])}")
+        gone = np.concatenate([new["ids"], new["dead"]]).astype(np.uint64)
+        keep = ~_members(old["ids"], gone)
+        ids = np.concatenate([old["ids"][keep], new["ids"]])
+        order = np.argsort(ids, kind="stable")
+        cols = {n: np.concatenate([old["cols"][n][keep], new["cols"][n]])[order] for n in new["cols"]}
+        group = {"ids": ids[order], "cols": cols, "dead": None if base else
+                 np.setdiff1d(np.union1d(old["dead"], new["dead"]), new["ids"]).astype(np.uint64)}
+        _put_group(out, ids_name, dead_name, group)
+    if "row_ids" not in out:
+        raise SnapshotError("a delta without rows")
+    return out
+
+
+def _members(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Which of `sorted_ids` (sorted, unique) are in `ids`: O(len(ids) log len(sorted_ids))."""
+    hit = np.zeros(len(sorted_ids), bool)
+    if len(sorted_ids) and len(ids):
+        at = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+        hit[at[sorted_ids[at] == ids]] = True
+    return hit
+
+
+def _put_group(out: dict, ids_name: str, dead_name: str, group: dict) -> None:
+    cols = group["cols"]
+    if ids_name == "row_ids":
+        out["row_ids"], out["weights"] = group["ids"], cols["weights"]
+        out["states"] = [cols[f"state{i}"] for i in range(sum(1 for n in cols if n.startswith("state")))]
+        out["arrays"].update({n: a for n, a in cols.items() if n.startswith("col_")})
+    else:
+        out["arrays"][ids_name] = group["ids"]
+        out["arrays"].update(cols)
+    if group.get("dead") is not None:
+        out["arrays"][dead_name] = group["dead"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,8 +10,11 @@ Durability and recovery (KVSTORE_LAZY_SNAPSHOT_DIR, KVSTORE_LAZY_JOURNAL, KVSTOR
   the first moment no dist_sync round is half-way (nothing merged and unanswered), so it is exactly "the state after
   the rounds so far". A LAZY_SNAPSHOT command with a body (a tag, e.g. ``{"step": 40}``) writes ``tagged/rank<r>``
   before it is answered: a whole job restarted later resumes from it (see ``ResumeGate``).
+- The periodic snapshots are a base plus deltas of what changed since the previous one (``checkpoint.SnapshotChain``;
+  a new base after KVSTORE_LAZY_SNAPSHOT_DELTAS deltas or when their bytes pass the base's, and at shutdown).
 - The journal (``journal``) has every request received since the last snapshot, written before the request is
-  ACKed or handled, and which of our replies the peers ACKed (PS_RESEND).
+  ACKed or handled, and which of our replies the peers ACKed (PS_RESEND); and, when a key expires rows by time, the
+  server's clock ticks (records from "node 0"), so a replay sees the same times between the same requests.
 - A server restarted with KVSTORE_LAZY_RECOVERY=1 *rejoins* its job: it binds the address it had (its
   ``node.rank<r>.json``), restores the snapshot, replays the journal (the same requests in the same order give the
   same state, half-done rounds included), re-sends the replies its peers never ACKed, and serves on. It does not
@@ -63,6 +66,7 @@ from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
 from .server.core import KVServer, node_name
+from .server.lifecycle import Settings as LifecycleSettings
 from .server.resume import ResumeGate
 from .transport.zmq_van import QUEUE_BYTES, QUEUE_MESSAGES, BindError, ConnectError, ZmqVan
 
@@ -71,6 +75,8 @@ log = logging.getLogger("kvstore_lazy")
 TAGGED_DIR = checkpoint.TAGGED_DIR   # <snapshot dir>/tagged/rank<r>: the last snapshot a worker asked for (its tag)
 SEEN_KEEP = 200_000             # signatures of received requests remembered for duplicate detection (PS_RESEND)
 SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
+CLOCK_SENDER = 0                # journal records from "node 0" are the server's own clock ticks (ttl_seconds)
+CLOCK_EVERY = 1.0               # s between clock ticks, when a key expires rows by time
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
 SCHEDULER_GRACE = 1.0           # s a closed connection to the scheduler may stay down before this server exits
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
@@ -175,6 +181,8 @@ class Config:
     scheduler_timeout: float = 30.0   # KVSTORE_LAZY_SCHEDULER_TIMEOUT: exit when the scheduler is silent this long
     queue_messages: int = QUEUE_MESSAGES   # KVSTORE_LAZY_PEER_QUEUE: per-peer unsent messages before it is dropped
     queue_bytes: int = QUEUE_BYTES         # KVSTORE_LAZY_PEER_QUEUE_MB, the same in bytes
+    lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
+    snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -218,6 +226,7 @@ class Config:
             journal_fsync=flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
+            snapshot_deltas=_env_int(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS),
         )
         try:   # kvstore_lazy.node_lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
             bind = "" if config.local else lifecycle.bind_address(env, config.host)
@@ -230,6 +239,10 @@ class Config:
             raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
                                "re-send what died with a server)")
         config._trust_from_env(env)
+        try:
+            config.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(config.snapshot_dir))
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         if (config.journal or config.recovery) and not config.snapshot_dir:
             raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
         if config.recovery and not config.journal:
@@ -351,8 +364,10 @@ class ServerNode:
         self._snapshot_due = False
         self._snapshot_seq = -1          # journal seq the last snapshot includes
         self._next_resend_check = float("inf")
+        self._next_clock = 0.0
         self.outbox = Outbox(config.resend_timeout)
         self.journal: journal_mod.Journal | None = None
+        self.chain: checkpoint.SnapshotChain | None = None   # where periodic snapshots go (base or delta)
         self.gate: ResumeGate | None = None
         self._replaying = False
         self._peers: list[membership.Peer] = []
@@ -430,7 +445,8 @@ class ServerNode:
         self._set_roster(roster)
         self._peers = peers
         self._connect_peers()
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
+        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
+                               lifecycle=cfg.lifecycle)
         log.info("registered as server rank %d (node %d) of %d servers, %d workers%s", rank, self.my_id,
                  cfg.num_servers, cfg.num_workers, " (recovered node)" if recovered else "")
         self._start_timers()
@@ -471,7 +487,8 @@ class ServerNode:
         self.timestamp = _rejoin_timestamp()
         self.port = self._bind_again(cfg.bind or record["host"], int(record["port"]))
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
+        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
+                               lifecycle=cfg.lifecycle)
         self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
         self._expect_scheduler()
         self._set_roster(membership.Roster({peer.node_id: peer for peer in self._peers}))
@@ -567,7 +584,7 @@ class ServerNode:
             self._timers()
         self.log_stats("at shutdown")
         if self.config.snapshot_dir:
-            self.save_snapshot()
+            self.save_snapshot(full=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # snapshots
@@ -576,12 +593,18 @@ class ServerNode:
         """No dist_sync round is half-way: every push received so far is applied and answered."""
         return self.server is not None and self.server.quiescent()
 
-    def save_snapshot(self) -> None:
-        """The state now into <dir>/rank<r> (and, with the journal, a fresh journal continuing from it). Call it only
-        when quiescent if the journal is on: pending round merges are not in a snapshot."""
+    def save_snapshot(self, full: bool = False) -> None:
+        """The state now into <dir>/rank<r>: the next delta of its snapshot chain, or (`full`, or as the chain
+        decides) a new base; with the journal, a fresh journal continuing from it. Call it only when quiescent if
+        the journal is on: pending round merges are not in a snapshot."""
         assert self.server is not None
         started = time.monotonic()
-        meta, tables = self.server.snapshot()
+        if self.chain is None:
+            self.chain = checkpoint.SnapshotChain(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
+                                                  self.config.snapshot_deltas,
+                                                  writer=lifecycle.writer_of(self.config.host, self.port))
+        delta = not full and self.chain.next_is_delta()
+        meta, tables = self.server.snapshot(delta=delta)
         new_journal = None
         if self.journal is not None:
             pending = self.outbox.frames()
@@ -594,15 +617,15 @@ class ServerNode:
             self._snapshot_seq = self.journal.seq
         if self.gate is not None and self.gate.active:
             meta["resume_gate"] = self.gate.state()
-        path = checkpoint.write_snapshot(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
-                                         tables, meta, writer=lifecycle.writer_of(self.config.host, self.port))
+        path, size = self.chain.write(meta, tables, delta)
+        self.server.snapshot_written()
         if new_journal is not None:
             self.journal.close()
             self.journal = new_journal
             journal_mod.remove_others(self.config.snapshot_dir, self.server.rank, new_journal.path)
         rows = sum(len(t["row_ids"]) for k, t in tables.items() if t["meta"]["kind"] == "row_sparse")
-        log.info("snapshot written to %s: %d keys, %d rows, %.3fs", path, len(tables), rows,
-                 time.monotonic() - started)
+        log.info("snapshot written to %s (%s): %d keys, %d rows, %d bytes, %.3fs", path, "delta" if delta else "base",
+                 len(tables), rows, size, time.monotonic() - started)
 
     def save_tagged(self, tag) -> None:
         """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
@@ -627,13 +650,14 @@ class ServerNode:
                       "none": []}[choice]
         for directory in candidates:
             self._check_owner(directory)
-            manifest = checkpoint.read_manifest(directory, rank)
-            if manifest is not None:
+            loaded = checkpoint.load_snapshot(directory, rank)
+            if loaded is not None:
                 break
         else:
             log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base, choice)
             return
-        self._restore(directory, manifest)
+        manifest = loaded.manifest
+        self._restore(directory, loaded)
         server_meta = manifest.get("server", {})
         self.gate = ResumeGate(self.server.key_ids(), self.server.optimizer_body)
         log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
@@ -649,15 +673,13 @@ class ServerNode:
         except lifecycle.LifecycleError as exc:
             raise StartupError(str(exc)) from None
 
-    def _restore(self, directory: Path, manifest: dict) -> None:
+    def _restore(self, directory: Path, loaded: checkpoint.Loaded) -> None:
         assert self.server is not None
-        rank = self.server.rank
+        manifest = loaded.manifest
         if manifest.get("num_servers") != self.server.num_servers:
             raise StartupError(f"snapshot in {directory} was written by {manifest.get('num_servers')} servers, "
                                f"this job has {self.server.num_servers}; restore through a worker checkpoint")
-        tables = {int(k): dict(checkpoint.read_snapshot_key(directory, rank, int(k), info), meta=info)
-                  for k, info in manifest["keys"].items()}
-        self.server.restore(manifest.get("server", {}), tables)
+        self.server.restore(manifest.get("server", {}), loaded.tables)
 
     def _new_journal_epoch(self) -> None:
         """A fresh start with the journal on: a new epoch whose base snapshot is the state now."""
@@ -675,7 +697,8 @@ class ServerNode:
         started = time.monotonic() if started is None else started
         directory, rank = Path(self.config.snapshot_dir), self.server.rank
         self._check_owner(directory)
-        manifest = checkpoint.read_manifest(directory, rank)
+        loaded = checkpoint.load_snapshot(directory, rank)
+        manifest = loaded.manifest if loaded is not None else None
         info = (manifest or {}).get("server", {}).get("journal")
         if manifest is None or info is None:
             raise StartupError(f"cannot recover rank {rank}: no journaled snapshot in {directory} (the server died "
@@ -685,7 +708,10 @@ class ServerNode:
         contents = journal_mod.read(path)
         if contents is None:
             raise StartupError(f"cannot recover rank {rank}: the snapshot continues in {path}, which is missing")
-        self._restore(directory, manifest)
+        self._restore(directory, loaded)
+        self.chain = checkpoint.SnapshotChain(directory, rank, self.server.num_servers, self.config.snapshot_deltas,
+                                              writer=lifecycle.writer_of(self.config.host, self.port))
+        self.chain.resume(loaded)      # the next periodic snapshot continues the chain it was loaded from
         gate_state = manifest["server"].get("resume_gate")
         if gate_state:
             self.gate = ResumeGate.from_state(gate_state, self.server.optimizer_body)
@@ -695,11 +721,15 @@ class ServerNode:
         for recver, frames in contents.pending:
             reply = Message.from_frames([identity_of(self.my_id)] + frames)
             owed[membership.message_signature(reply.meta, self.my_id, recver)] = (recver, reply)
-        replayed = 0
+        replayed = ticks = 0
         self._replaying = True
         try:
             for entry in contents.entries:
                 if entry.seq <= base:
+                    continue
+                if entry.sender == CLOCK_SENDER:
+                    self.server.lifecycle.set_clock(struct.unpack("<d", entry.frames[0])[0])
+                    ticks += 1
                     continue
                 msg = Message.from_frames([identity_of(entry.sender)] + entry.frames)
                 self._remember(membership.message_signature(msg.meta, msg.sender, self.my_id))
@@ -715,8 +745,8 @@ class ServerNode:
             if sig not in contents.acked:
                 self._send(recver, reply)
                 resent += 1
-        log.info("recovered rank %d from %s: snapshot at request %d, %d journaled requests replayed%s, %d replies "
-                 "re-sent; %.3fs", rank, directory, base, replayed,
+        log.info("recovered rank %d from %s: snapshot at request %d, %d journaled requests replayed%s%s, %d replies "
+                 "re-sent; %.3fs", rank, directory, base, replayed, f" (and {ticks} clock ticks)" if ticks else "",
                  f" ({contents.torn_bytes} bytes of a torn last record ignored)" if contents.torn_bytes else "",
                  resent, time.monotonic() - started)
 
@@ -799,6 +829,9 @@ class ServerNode:
         if now >= self._next_resend_check:
             self._resend(now)
             self._next_resend_check = now + max(self.config.resend_timeout / 2, 0.05)
+        if self.server is not None and self.server.lifecycle.wants_clock and now >= self._next_clock:
+            self._clock_tick()
+            self._next_clock = now + CLOCK_EVERY
         if self.journal is not None:
             self.journal.flush()
         if self.server is not None and self.config.snapshot_dir:
@@ -827,11 +860,21 @@ class ServerNode:
                 log.warning("no ACK from %s for %.0fs: resent a message to it (try %d)", node_name(recver),
                             now - first, tries)
 
+    def _clock_tick(self) -> None:
+        """The lifecycle's clock (ttl_seconds) moves only here, journaled like a request so a replay repeats it."""
+        assert self.server is not None
+        seconds = time.time()
+        if self.journal is not None and not self._replaying:
+            self.journal.append(CLOCK_SENDER, [struct.pack("<d", seconds)])
+        self.server.lifecycle.set_clock(seconds)
+
     def log_stats(self, when: str) -> None:
         if self.server is None:
             return
         for key, s in self.server.stats()["sparse"].items():
-            log.info("stats (%s): key %s rows %d bytes %d", when, key, s["rows"], s["bytes"])
+            log.info("stats (%s): key %s rows %d bytes %d%s", when, key, s["rows"], s["bytes"],
+                     "".join(f" {name} {s[name]}" for name in ("pending", "admitted", "dropped", "evicted")
+                             if name in s))
         log.info("stats (%s): received %d bytes, sent %d bytes", when, self.van.bytes_received, self.van.bytes_sent)
 
     def _send_control(self, node_id: int, msg: Message) -> None:

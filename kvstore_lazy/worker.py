@@ -79,22 +79,28 @@ def _initializer_dumps(init) -> str:
     return init.dumps()
 
 
-def lazy_spec_body(key: int, shape, dtype="float32", init=None, seed: int = 0) -> bytes:
+def lazy_spec_body(key: int, shape, dtype="float32", init=None, seed: int = 0, **policy) -> bytes:
+    """The LAZY_DECLARE body; `policy`: the row lifecycle fields (see :func:`init_lazy`) that are not None."""
     shape = tuple(int(d) for d in shape)
     if len(shape) < 2:
         raise ValueError(f"a lazy row_sparse key needs at least 2 dimensions, got shape {shape}")
     bound = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
-    return json.dumps({"key": key, "rows": shape[0], "row_shape": list(shape[1:]), "dtype": np.dtype(dtype).name,
-                       "init": _initializer_dumps(init), "seed": int(seed), "bound": bound}).encode()
+    body = {"key": key, "rows": shape[0], "row_shape": list(shape[1:]), "dtype": np.dtype(dtype).name,
+            "init": _initializer_dumps(init), "seed": int(seed), "bound": bound}
+    policy = {name: value for name, value in policy.items() if value is not None}
+    if policy:
+        body["policy"] = policy      # checked by the server (server.lifecycle.Policy.check)
+    return json.dumps(body).encode()
 
 
-def declare(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0) -> int:
-    """Tell every server the shape, dtype, initializer and seed of lazy key `key`; returns its int id.
+def declare(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0, **policy) -> int:
+    """Tell every server the shape, dtype, initializer, seed and row lifecycle policy of lazy key `key`; returns
+    its int id.
 
     Stock servers ignore the command. Every worker may send it; servers accept identical declarations.
     """
     kid = key_id(kv, key)
-    body = lazy_spec_body(kid, shape, dtype, init, seed)
+    body = lazy_spec_body(kid, shape, dtype, init, seed, **policy)
     kv._send_command_to_servers(proto.LAZY_DECLARE, body.decode())
     _declarations.setdefault(kv, {})[kid] = checkpoint.lazy_spec(json.loads(body))
     return kid
@@ -110,14 +116,22 @@ def declared(kv: "mx.kv.KVStore", key) -> dict:
         raise KeyError(f"key {key!r} (id {kid}) was not declared lazy on this KVStore") from None
 
 
-def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0) -> int:
+def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0, *,
+              admit_min_count: int | None = None, admit_prob: float | None = None, ttl_rounds: int | None = None,
+              ttl_seconds: float | None = None) -> int:
     """Declare `key` lazy and ``kv.init`` it with an empty row_sparse array: the init push carries no rows.
 
     Rows then come into existence on the servers the first time a worker pulls or pushes them, with values
     ``init`` would give as a pure function of (seed, key, row id). Call it on every worker, as ``kv.init``.
+
+    Row lifecycle (None: the server's default, ``KVSTORE_LAZY_ADMIT_MIN_COUNT`` etc.; see the README):
+    ``admit_min_count`` N stores a row only once its id was pushed in N rounds (dist_sync) / N pushes (dist_async);
+    ``admit_prob`` p admits an id at such a round with a probability p decided by a hash of (seed, key, row id,
+    count); ``ttl_rounds`` / ``ttl_seconds`` remove a row not pushed for that long.
     """
     track(kv)
-    kid = declare(kv, key, shape, dtype, init, seed)
+    kid = declare(kv, key, shape, dtype, init, seed, admit_min_count=admit_min_count, admit_prob=admit_prob,
+                  ttl_rounds=ttl_rounds, ttl_seconds=ttl_seconds)
     kv.init(key, mx.nd.sparse.zeros("row_sparse", tuple(shape), dtype=dtype))
     return kid
 

@@ -21,19 +21,27 @@ Scenarios (--scenarios, default all):
               (embeddings and wide weights of 4 features, 256 Zipf rows each per worker) and 6 dense MLP keys,
               push all then pull all, 1 and 2 servers, dist_sync and dist_async: steps/s, p50/p99 step latency,
               server CPU per step.
+  lifecycle   ours only (row admission and eviction have no stock counterpart): streaming CTR training (ids from
+              a Zipf law whose popular set drifts, a learnable click signal), 2 workers, 2 servers, dist_sync,
+              Adam, a (input_dim, 8) key with input_dim x 8 < 2^31; runs unbounded / memory budget /
+              admit_min_count 2 / both: rows stored, server RSS over time (and lifecycle_rss.png), last-interval
+              loss against the unbounded run, share of ids seen once; a run with snapshots every second measures
+              a delta snapshot of a step touching 1% of the rows against a full one.
 
-Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, and every job's log under <out>/runs/.
+Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lifecycle_rss.png, and every job's
+log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
-    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step] [--out bench-results]
-                            [--profile] [--no-stock] [--verbose] [--report-only]
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle]
+                            [--out bench-results] [--profile] [--no-stock] [--verbose] [--report-only]
 
---quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01); the default (full)
-preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on 2026-11-30) plus the step scenario's 8, and up to
-~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker building a (1e7, 64)
-weight. --report-only rebuilds the tables, JSON and plot from the job records a run left in --out.
-scripts/bench_workers/replay.py measures the server's CPU per step in-process (no sockets), steady enough for an
-optimisation's before/after.
+--quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01), plus the lifecycle
+scenario's 5 (~40 s on 2026-12-01); the default (full) preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on
+2026-11-30) plus the step scenario's 8 and the lifecycle scenario's 5 (about 5 minutes: its unbounded run stores
+10.3M rows, ~620 MiB per server), and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB
+for a stock worker building a (1e7, 64) weight. --report-only rebuilds the tables, JSON and plots from the job
+records a run left in --out. scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
+sockets), steady enough for an optimisation's before/after.
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ import os
 import platform
 import pstats
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,14 +69,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(WORKERS))
 
 import plots  # noqa: E402
-from common import read_results, row_stream  # noqa: E402
+from common import DriftingCTR, read_results, row_stream  # noqa: E402
 from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
+from kvstore_lazy.metrics import RssSampler  # noqa: E402
+from kvstore_lazy.server.lifecycle import parse_bytes  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale", "step")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle")
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -83,6 +94,8 @@ PRESETS = {
         "step": {"features": [200_000, 100_000, 50_000, 10_000], "emb_dim": 16, "hidden": [256, 128], "rows": 256,
                  "steps": 60, "warmup": 10, "optimizer": "adam",
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
+        "lifecycle": {"input_dim": 10_000_000, "dim": 8, "fields": 4, "batch": 2048, "steps": 120, "drift": 2,
+                      "budget": "8MiB", "snapshot_interval": 1, "probe_wait": 2.5, "env": {}},
         "timeout": 240,
     },
     "full": {
@@ -96,6 +109,10 @@ PRESETS = {
         "step": {"features": [2_000_000, 1_000_000, 500_000, 100_000], "emb_dim": 16, "hidden": [256, 128],
                  "rows": 256, "steps": 300, "warmup": 20, "optimizer": "adam",
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
+        # over 10M rows stored by the unbounded run (input_dim x 8 < 2^31: what a stock worker can declare)
+        "lifecycle": {"input_dim": 268_000_000, "dim": 8, "fields": 4, "batch": 8192, "steps": 1200, "drift": 4,
+                      "budget": "256MiB", "snapshot_interval": 20, "probe_wait": 45,
+                      "env": {"KVSTORE_LAZY_ADMIT_CAP": "4000000"}},
         "timeout": 1800,
     },
 }
@@ -195,6 +212,7 @@ class Run:
     load: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     profiles: list[str] = field(default_factory=list)
+    server_peaks: list = field(default_factory=list)     # peak RSS (VmHWM) per server, when sampled
 
     @property
     def ok(self) -> bool:
@@ -207,7 +225,7 @@ class Run:
     def summary(self) -> dict:
         return {"name": self.name, "server": self.server, "status": self.status, "wall_seconds": round(self.wall, 2),
                 "log": self.log, "loadavg_1min_before_after": self.load, "errors": self.errors,
-                "profiles": self.profiles}
+                "profiles": self.profiles, "server_peaks": self.server_peaks}
 
 
 class Bench:
@@ -239,7 +257,8 @@ class Bench:
                   records=[read_results(str(run_dir / "res"), r) for r in range(num_workers)],
                   log=str(run_dir / "job.log"), stats=sink.stats, shutdown=sink.shutdown,
                   load=summary.get("loadavg_1min_before_after", []), errors=summary.get("errors", []),
-                  profiles=[str(p) for p in run_dir.glob("prof.*.prof")])
+                  profiles=[str(p) for p in run_dir.glob("prof.*.prof")],
+                  server_peaks=summary.get("server_peaks", []))
         label = "ours " if server == "lazy" else "stock"
         print(f"  [{label}] {name}: loaded from {run_dir} (status {run.status})", flush=True)
         self.runs.append(run)
@@ -247,7 +266,7 @@ class Bench:
 
     def job(self, name: str, server: str, command: list[str], num_workers: int = NUM_WORKERS,
             num_servers: int = 1, timeout: float | None = None, profile: bool = False,
-            env: dict | None = None) -> Run:
+            env: dict | None = None, server_env: dict | None = None, sample_peaks: bool = False) -> Run:
         if self.args.report_only:
             return self.load(name, server, num_workers)
         run_dir = self.runs_dir / f"{name}-{server}"
@@ -259,7 +278,7 @@ class Bench:
         pids_file.unlink(missing_ok=True)
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
                "BENCH_PIDS": str(pids_file), **(env or {})}
-        server_env = {"KVSTORE_LAZY_STATS_INTERVAL": "86400"}
+        server_env = {"KVSTORE_LAZY_STATS_INTERVAL": "86400", **(server_env or {})}
         if profile and server == "lazy":
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
         sink = Sink(run_dir / "job.log", self.args.verbose)
@@ -270,19 +289,26 @@ class Bench:
         print(f"  [{label}] {name}: {num_workers} worker(s), {num_servers} server(s) ... ", end="", flush=True)
         load_before = loadavg()[:1]
         started = time.monotonic()
+        sampler = None
         try:
             job.start()
-            pids_file.write_text(json.dumps({"servers": [n.popen.pid for n in job.nodes if n.role == "server"],
+            servers = [n.popen.pid for n in job.nodes if n.role == "server"]
+            pids_file.write_text(json.dumps({"servers": servers,
                                              "workers": [n.popen.pid for n in job.nodes if n.role == "worker"]}))
+            if sample_peaks:
+                sampler = RssSampler(servers, interval=0.1).start()
             status = job.supervise(timeout)
         finally:
+            if sampler is not None:
+                sampler.stop()
             job.stop()
             sink.close()
         wall = time.monotonic() - started
         run = Run(name=name, server=server, status=status, wall=wall,
                   records=[read_results(out, r) for r in range(num_workers)], log=str(run_dir / "job.log"),
                   stats=sink.stats, shutdown=sink.shutdown, load=load_before + loadavg()[:1],
-                  errors=[] if status == 0 else sink.tail, profiles=[str(p) for p in run_dir.glob("prof.*.prof")])
+                  errors=[] if status == 0 else sink.tail, profiles=[str(p) for p in run_dir.glob("prof.*.prof")],
+                  server_peaks=[sampler.peak.get(p) for p in sampler.pids] if sampler is not None else [])
         print(f"{'ok' if status == 0 else f'FAILED (status {status})'} in {wall:.1f}s "
               f"(load {run.load[0] if run.load else '?'} -> {run.load[-1] if run.load else '?'})", flush=True)
         (run_dir / "run.json").write_text(json.dumps(run.summary(), indent=1))
@@ -976,6 +1002,150 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 6: row lifecycle
+
+SNAPSHOT_LINE = re.compile(rf"^{SERVER_PREFIX} .*? snapshot written to \S+ \((base|delta)\): \d+ keys, (\d+) rows, "
+                           r"(\d+) bytes")
+LIFECYCLE_RUNS = [    # name, init_lazy policy, the budget on?, color
+    ("unbounded", {}, False, "red"), ("budget", {}, True, "blue"), ("min-count 2", {"admit_min_count": 2}, False,
+                                                                    "green"),
+    ("both", {"admit_min_count": 2}, True, "purple")]
+
+
+def lifecycle_seen(c: dict) -> tuple[int, int]:
+    """(distinct ids the workers pushed, of which pushed in one round only), from the seeded streams."""
+    streams = [DriftingCTR(c["input_dim"], c["batch"], c["fields"], 1, r, drift=c["drift"])
+               for r in range(NUM_WORKERS)]
+    rounds = [np.unique(np.concatenate([st.examples(step)[0].ravel() for st in streams]))
+              for step in range(1, c["steps"] + 1)]
+    _, counts = np.unique(np.concatenate(rounds), return_counts=True)
+    return int(len(counts)), int((counts == 1).sum())
+
+
+def scenario_lifecycle(bench: Bench) -> tuple[str, dict, list[dict]]:
+    c = bench.cfg["lifecycle"]
+    budget = parse_bytes(c["budget"])
+    base = worker("lifecycle.py") + ["--input-dim", str(c["input_dim"]), "--dim", str(c["dim"]), "--fields",
+                                     str(c["fields"]), "--batch", str(c["batch"]), "--steps", str(c["steps"]),
+                                     "--drift", str(c["drift"]), "--rss-every", str(max(1, c["steps"] // 40))]
+    timeout = max(bench.cfg["timeout"], c["steps"] * 3)
+    runs = {}
+    for name, policy, budgeted, _ in LIFECYCLE_RUNS:
+        env = dict(c.get("env", {}), **({"KVSTORE_LAZY_MEMORY_BUDGET": str(budget)} if budgeted else {}))
+        runs[name] = bench.job(f"lifecycle-{name.replace(' ', '')}", "lazy", base + ["--policy", json.dumps(policy)],
+                               num_servers=2, timeout=timeout, server_env=env, sample_peaks=True)
+    snap_dir = bench.runs_dir / "lifecycle-snapshots-lazy" / "snap"
+    if not bench.args.report_only and snap_dir.exists():
+        shutil.rmtree(snap_dir)
+    runs["snapshots"] = bench.job("lifecycle-snapshots", "lazy", base + ["--delta-probe", str(c["probe_wait"])],
+                                  num_servers=2, timeout=timeout + 4 * c["probe_wait"],
+                                  server_env={"KVSTORE_LAZY_SNAPSHOT_DIR": str(snap_dir),
+                                              "KVSTORE_LAZY_SNAPSHOT_INTERVAL": str(c["snapshot_interval"]),
+                                              "KVSTORE_LAZY_SNAPSHOT_DELTAS": "1000000"})
+    seen, once = lifecycle_seen(c)
+
+    def final_stats(run: Run) -> dict:
+        out = {"rows": 0, "pending": 0, "admitted": 0, "dropped": 0, "evicted": 0, "bytes": 0}
+        for per_server in run.stats.values():
+            s = per_server[-1]["sparse"].get(str(ROW_KEY), {}) if per_server else {}
+            for k in out:
+                out[k] += int(s.get(k, 0)) + (int(s.get("pending_bytes", 0)) if k == "bytes" else 0)
+        return out
+
+    def losses(run: Run) -> np.ndarray:
+        per_step = {}
+        for r in run.of("loss", None):
+            per_step.setdefault(r["step"], []).append(r["loss"])
+        return np.array([np.mean(per_step[s]) for s in sorted(per_step)])
+
+    def last_interval(values: np.ndarray) -> float | None:
+        k = max(1, len(values) // 10)
+        return float(values[-k:].mean()) if len(values) else None
+
+    data, rows, series = {}, [], []
+    reference = last_interval(losses(runs["unbounded"]))
+    for name, policy, budgeted, color in LIFECYCLE_RUNS:
+        run = runs[name]
+        st = final_stats(run)
+        rss_curve = [(r["step"], max(r["rss"])) for r in run.of("rss") if r["what"] in ("step", "end")
+                     and None not in r["rss"]]
+        peak = max((p for p in run.server_peaks if p), default=None)
+        loss = last_interval(losses(run))
+        data[name] = {"ok": run.ok, "stats": st, "rss_curve": rss_curve, "peak_rss": run.server_peaks,
+                      "last_interval_loss": loss, "policy": policy, "budget": budget if budgeted else None}
+        timed = [(r["seconds"], max(r["rss"])) for r in run.of("rss") if r["what"] in ("step", "end")
+                 and None not in r["rss"] and "seconds" in r]
+        series.append({"x": [x for x, _ in timed], "y": [v / MiB for _, v in timed], "label": name,
+                       "color": color, "lifecycle": True})
+        config = f"{name}" + (f" ({c['budget']} per server)" if budgeted else "")
+        rows.append([config, "rows stored (2 servers)", num(st["rows"]),
+                     ratio(st["rows"], data["unbounded"]["stats"]["rows"]), ""])
+        if policy or budgeted:
+            rows.append(["", "pending / dropped gradient rows / evicted", f"{num(st['pending'])} / "
+                         f"{num(st['dropped'])} / {num(st['evicted'])}", "", ""])
+        quarters = [min(rss_curve, key=lambda p: abs(p[0] - q * c["steps"] / 4))[1] for q in range(1, 5)] \
+            if rss_curve else []
+        growing = bool(quarters) and all(b > a for a, b in zip([rss_curve[0][1]] + quarters, quarters))
+        rows.append(["", "server RSS at 1/4, 1/2, 3/4, end of the run (largest server)",
+                     " ".join(f"{v / MiB:.0f}" for v in quarters) + " MiB", "",
+                     verdict(growing, "keeps growing") if name == "unbounded" else ""])
+        rows.append(["", "server peak RSS (VmHWM, largest server)", mib(peak), "",
+                     verdict(peak <= budget + 150 * MiB, f"<= budget + 150 MB = {mib(budget + 150 * MiB)}")
+                     if budgeted and peak else ""])
+        accounted = max((v[-1].get("lifecycle", {}).get("accounted_bytes", 0) for v in run.stats.values() if v),
+                        default=None)
+        rows.append(["", "accounted table bytes at the end (largest server)", mib(accounted), "",
+                     verdict(accounted <= budget, "<= budget") if budgeted and accounted is not None else ""])
+        rows.append(["", "loss, last 10% of the steps", "-" if loss is None else f"{loss:.4f}",
+                     ratio(loss, reference), verdict(loss <= 1.01 * reference, "at most 1% above unbounded")
+                     if name == "min-count 2" and loss and reference else ""])
+        if name == "min-count 2":
+            fall = 1 - st["rows"] / data["unbounded"]["stats"]["rows"] if data["unbounded"]["stats"]["rows"] else None
+            rows.append(["", "rows stored fall by / share of ids pushed in one round only",
+                         f"{100 * fall:.1f}% / {100 * once / seen:.1f}%" if fall is not None and seen else "-", "",
+                         verdict(fall is not None and abs(fall - once / seen) < 0.02, "equal (within 2 points)")])
+        if not run.ok:
+            rows.append(["", "job FAILED", run.log, "", ""])
+    # snapshots: the delta the probe step wrote against the full snapshot at shutdown
+    snap = runs["snapshots"]
+    lines = [SNAPSHOT_LINE.match(line) for line in open(snap.log, errors="replace")] if os.path.exists(snap.log) \
+        else []
+    per_server: dict[str, list] = {}
+    for m in filter(None, lines):
+        per_server.setdefault(m.group(1), []).append((m.group(2), int(m.group(3)), int(m.group(4))))
+    probe = next((r for r in snap.of("probe")), None)
+    # per server: the last base (shutdown; an empty delta may follow it, written during the final barrier) and the
+    # last delta with rows before it (the probe's step)
+    last_base = {k: max(i for i, x in enumerate(v) if x[0] == "base") for k, v in per_server.items()
+                 if any(x[0] == "base" for x in v)}
+    full = sum(per_server[k][i][2] for k, i in last_base.items())
+    deltas = [[x for x in per_server[k][:i] if x[0] == "delta" and x[1] > 0] for k, i in last_base.items()]
+    delta = sum(d[-1][2] for d in deltas if d) if all(deltas) and deltas else None
+    delta_rows = sum(d[-1][1] for d in deltas if d) if all(deltas) and deltas else None
+    rows.append(["snapshots (unbounded, every "
+                 f"{c['snapshot_interval']} s)", "full snapshot at shutdown (2 servers)", fmt_bytes(full), "", ""])
+    rows.append(["", f"delta of one step touching 1% of the rows ({num(delta_rows)} rows of "
+                     f"{num(probe and probe['seen'])})", fmt_bytes(delta), ratio(delta, full),
+                 verdict(delta is not None and full and delta < 0.05 * full, "< 5% of the full snapshot")])
+    data["snapshots"] = {"full_bytes": full, "probe_delta_bytes": delta, "probe_delta_rows": delta_rows,
+                         "probe": probe, "snapshot_lines": per_server}
+    data["ids"] = {"seen": seen, "seen_in_one_round": once}
+    notes = [f"2 workers, 2 servers, dist_sync, Adam; key {dim_name(c['input_dim'])} x {c['dim']}; each worker "
+             f"{c['steps']} steps of {c['batch']} examples x {c['fields']} ids (common.DriftingCTR: Zipf(1.1) ranks "
+             f"over items born {c['drift']:g} per step, newest first); {num(seen)} distinct ids pushed",
+             "budget: KVSTORE_LAZY_MEMORY_BUDGET per server, LRU, low watermark 0.9; min-count 2: "
+             "init_lazy(..., admit_min_count=2)",
+             "loss: progressive (each step's log loss with the weights pulled before it trains), both workers; "
+             "ratio against the unbounded run",
+             "RSS: rank 0 reads both servers' VmRSS every few steps (the curve in lifecycle_rss.png); peak: "
+             "VmHWM sampled by the bench every 0.1 s",
+             "snapshots: a separate unbounded run whose servers write periodic snapshots (base + deltas); after "
+             "training it waits, pushes one step of 1% of the rows, waits: that delta against the shutdown base"]
+    return (table("Scenario 6: row lifecycle (ours only)", ["run", "metric", "value", "vs unbounded", "target"],
+                  rows, notes), data, series)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -1071,6 +1241,9 @@ def main(argv=None) -> int:
         if "step" in scenarios:
             print("scenario 5: step", flush=True)
             report("step", lambda: scenario_step(bench))
+        if "lifecycle" in scenarios:
+            print("scenario 6: lifecycle", flush=True)
+            report("lifecycle", lambda: scenario_lifecycle(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130
@@ -1102,13 +1275,24 @@ def main(argv=None) -> int:
     results["jobs"] = [r.summary() for r in bench.runs]
     (bench.out / "tables.txt").write_text(report + "\n")
     (bench.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    lifecycle_series = [x for x in series if x.get("lifecycle")]
+    series = [x for x in series if not x.get("lifecycle")]
     if series:
         plots.memory_vs_rows(bench.out / "memory_vs_rows.png", series, budget_mib=BUDGET / MiB,
                              title="Server memory vs rows seen (one server)",
                              notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; dashed: stock (its memory "
                                     f"follows input_dim, not rows seen) and extrapolations"])
+    if lifecycle_series:
+        budget = parse_bytes(cfg["lifecycle"]["budget"])
+        plots.line_plot(bench.out / "lifecycle_rss.png", lifecycle_series,
+                        title="Server RSS over time, row lifecycle runs (largest of 2 servers)",
+                        xlabel="seconds of training", ylabel="server RSS (MiB)",
+                        hlines=[(budget / MiB, f"budget {budget / MiB:g} MiB (budget runs)"),
+                                ((budget + 150 * MiB) / MiB, "budget + 150 MB")],
+                        notes=[f"{preset} preset, {time.strftime('%Y-%m-%d')}; 2 servers, 2 workers, dist_sync"])
     print(f"\nwrote {bench.out / 'tables.txt'}, {bench.out / 'results.json'}"
-          f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}; job logs under {bench.runs_dir}")
+          f"{', ' + str(bench.out / 'memory_vs_rows.png') if series else ''}"
+          f"{', ' + str(bench.out / 'lifecycle_rss.png') if lifecycle_series else ''}; job logs under {bench.runs_dir}")
     failed = [r for r in bench.runs if r.server == "lazy" and not r.ok]
     for r in failed:
         print(f"our job {r.name} FAILED (status {r.status}): {r.log}\n    " + "\n    ".join(r.errors[-5:]))

@@ -45,6 +45,9 @@ PRESETS = {
 
 STATS_JSON = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats: (\{{.*\}})\s*$")
 STATS_LINE = re.compile(rf"^{SERVER_PREFIX} .*? INFO stats \(([^)]*)\): key (\d+) rows (\d+) bytes (\d+)")
+# keys with a row lifecycle policy (KVSTORE_LAZY_ADMIT_MIN_COUNT, _MEMORY_BUDGET, ...) add their counters
+LIFECYCLE = re.compile(r" pending (\d+) admitted (\d+) dropped (\d+) evicted (\d+)")
+LIFECYCLE_FIELDS = ("pending", "admitted", "dropped", "evicted")
 QUIET = re.compile(r"INFO (lazy key \d+ declared|stats: \{|stats \(|listening on|optimizer set)")
 
 
@@ -68,6 +71,7 @@ class Output(LineSink):
         self.round: dict[str, dict] = {}        # server -> its latest "stats: {json}" since the last summary
         self.latest: dict[str, dict] = {}       # server -> its latest "stats: {json}"
         self.shutdown: dict[str, dict[int, tuple[int, int]]] = {}   # server -> key -> (rows, bytes) at shutdown
+        self.lifecycle: dict[int, list[int]] = {}   # key -> pending, admitted, dropped, evicted at shutdown (summed)
         self.on_init_done = None                # called when rank 0 reports its sparse init
         self.server_rss = None                  # () -> current RSS of the servers, summed
         self.stats_expected = False             # lazy servers log row counts when rank 0 asks
@@ -90,6 +94,11 @@ class Output(LineSink):
         m = STATS_LINE.match(line)
         if m and m.group(2) == "at shutdown":
             self.shutdown.setdefault(m.group(1), {})[int(m.group(3))] = (int(m.group(4)), int(m.group(5)))
+            extra = LIFECYCLE.search(line)
+            if extra:
+                counts = self.lifecycle.setdefault(int(m.group(3)), [0] * len(LIFECYCLE_FIELDS))
+                for i, v in enumerate(extra.groups()):
+                    counts[i] += int(v)
         if self.on_init_done is not None and "rank 0: sparse init" in line:
             self.on_init_done()
         if self.verbose or not QUIET.search(line):
@@ -166,7 +175,8 @@ def run_job(kind: str, run_dir: Path, cfg: dict, args) -> dict:
               "server_peak_rss": sum(peak[p] for p in servers),
               "server_rss_after_init": sum(after_init.values()) if after_init else None,
               "worker_peak_rss": max((peak[p] for p in workers), default=0),
-              "server_rows": {str(k): v for k, v in output.server_rows().items()}}
+              "server_rows": {str(k): v for k, v in output.server_rows().items()},
+              "lifecycle": {str(k): dict(zip(LIFECYCLE_FIELDS, v)) for k, v in output.lifecycle.items()}}
     worker_result = out_dir / "result.json"
     if worker_result.exists():
         result["worker"] = json.loads(worker_result.read_text())
@@ -225,6 +235,21 @@ def feature_init_bytes(worker: dict, f: int):
     return per_key.get(f"emb{f}_weight", 0) + per_key.get(f"wide{f}_weight", 0)
 
 
+def lifecycle_table(dims: list[int], lazy: dict) -> str:
+    """The lazy servers' row lifecycle counters per feature (its embedding key) at shutdown."""
+    counts = lazy.get("lifecycle") or {}
+    if not counts:
+        return ("Row lifecycle: no policy on the lazy servers (no KVSTORE_LAZY_ADMIT_*/TTL_*/MEMORY_BUDGET): every "
+                "row seen is kept")
+    rows = []
+    for f in range(len(dims)):
+        c = counts.get(str(EMB_KEY + f), {})
+        rows.append([f"f{f}", num(lazy["server_rows"].get(str(EMB_KEY + f))), num(c.get("pending")),
+                     num(c.get("admitted")), num(c.get("dropped")), num(c.get("evicted"))])
+    return "Row lifecycle on the lazy servers (at shutdown)\n" + table(
+        ["feature", "rows", "pending admission", "admitted", "dropped gradient rows", "evicted"], rows)
+
+
 def report(cfg: dict, lazy: dict, stock: dict | None) -> tuple[str, dict, list[str]]:
     dims = cfg["dims"]
     lw = lazy.get("worker", {})
@@ -247,7 +272,7 @@ def report(cfg: dict, lazy: dict, stock: dict | None) -> tuple[str, dict, list[s
         srv = lazy["server_rows"].get(str(EMB_KEY + f))
         srv_wide = lazy["server_rows"].get(str(WIDE_KEY + f))
         stock_rows = sw.get("ckpt_rows", {}).get(f"emb{f}_weight") if stock else None
-        if lazy["status"] == 0:
+        if lazy["status"] == 0 and not lazy.get("lifecycle"):   # (with a policy, fewer rows by design)
             for what, v in (("checkpoint emb", ck), ("checkpoint wide", ck_wide), ("server emb", srv),
                             ("server wide", srv_wide)):
                 if v != seen:
@@ -301,7 +326,7 @@ def report(cfg: dict, lazy: dict, stock: dict | None) -> tuple[str, dict, list[s
                           f"(stock)")
     notes.append("stock/lazy > 1: the lazy servers need less (bytes, memory, time); < 1: they need more")
     text = ("\nPer feature (rows of its embedding key, the wide key holds the same; init bytes of both)\n" + t1 +
-            "\n\nCosts\n" + t2 + "\n" + "\n".join(notes))
+            "\n\n" + lifecycle_table(dims, lazy) + "\n\nCosts\n" + t2 + "\n" + "\n".join(notes))
     summary = {"config": cfg, "features": features, "costs": costs, "notes": notes, "problems": problems,
                "runs": {"lazy": lazy, "stock": stock}}
     return text, summary, problems

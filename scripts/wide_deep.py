@@ -326,6 +326,10 @@ if rank == 0:
     results["ckpt_load_seconds"] = time.monotonic() - t_load
     check_rng = np.random.RandomState(7)
     ckpt_rows, problems = {}, []
+    # with a row lifecycle policy on the servers (admission, TTL, a memory budget) rows used need not exist: the
+    # rows the checkpoint has are checked against the servers instead
+    lifecycle = args.server == "lazy" and any(os.environ.get(f"KVSTORE_LAZY_{v}") for v in (
+        "ADMIT_MIN_COUNT", "ADMIT_PROB", "TTL_ROUNDS", "TTL_SECONDS", "MEMORY_BUDGET"))
     for j, (name, key, shape, _) in enumerate(SPARSE):
         arr = loaded.get(f"arg:{name}")
         if arr is None or arr.stype != "row_sparse" or arr.shape != shape:
@@ -333,7 +337,9 @@ if rank == 0:
             continue
         idx = arr.indices.asnumpy()
         ckpt_rows[name] = int(len(idx))
-        used = seen_ids[j % F]
+        used = np.intersect1d(seen_ids[j % F], idx) if lifecycle else seen_ids[j % F]
+        if lifecycle and len(used) == 0:
+            continue
         pos = np.minimum(np.searchsorted(idx, used), max(len(idx) - 1, 0))
         if len(idx) == 0 or not np.array_equal(idx[pos], used):
             problems.append(f"{name}: rows used in training are missing from the checkpoint")

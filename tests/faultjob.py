@@ -55,7 +55,7 @@ class Log(io.TextIOBase):
 
 
 def make_job(out: Path, placer=None, restart: int = 1, resume: bool = False, checkpoint_every: int = 0,
-             steps: int = STEPS, sleep: float = 0.1, log_name: str = "job.log") -> Job:
+             steps: int = STEPS, sleep: float = 0.1, log_name: str = "job.log", server_env: dict | None = None) -> Job:
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(ROOT / "tests" / "workers" / "fault_train.py"), "--out", str(out), "--steps",
                str(steps), "--sleep", str(sleep), "--snapshot-dir", str(out / "snap")]
@@ -64,7 +64,7 @@ def make_job(out: Path, placer=None, restart: int = 1, resume: bool = False, che
     if resume:
         command.append("--resume")
     server_env = {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"), "KVSTORE_LAZY_JOURNAL": "1",
-                  "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "1"}
+                  "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "1", **(server_env or {})}
     job = Job(command, 2, 2, env=dict(FAULT_ENV), server_env=server_env, out=Log(out / log_name), placer=placer,
               restart_servers=restart)
     return job
@@ -153,6 +153,14 @@ def kill(name: str, delay: float = 0.0):
         outcome.notes["killed_pid"] = node.pid
         outcome.fault_wall, outcome.fault_mono = time.time(), time.monotonic()
         os.kill(node.pid, signal.SIGKILL)
+    return fault
+
+
+def kill_rank(rank: int, delay: float = 0.0):
+    """kill -9 of the server that registered as ps-lite rank `rank` (ranks need not follow the start order)."""
+    def fault(job: Job, outcome: Outcome) -> None:
+        name = next(n.name for n in job.nodes if n.role == "server" and n.ps_rank == rank)
+        kill(name, delay)(job, outcome)
     return fault
 
 

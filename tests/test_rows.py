@@ -62,17 +62,20 @@ def arr(ids) -> np.ndarray:
 
 
 class IndexMachine(RuleBasedStateMachine):
+    """The model is a set of ids; slots are checked for what they promise (dense, consistent with row_ids), not
+    for which row a removal moved where."""
+
     @initialize(capacity=st.integers(0, 8))
     def start(self, capacity):
         self.index = RowIndex(capacity)
-        self.model = {}  # id -> slot
+        self.model = set()
 
     def _insert(self, ids):
         new = [i for i in ids if i not in self.model]
         slots = self.index.insert(arr(new))
         assert slots.dtype == np.int64
         assert slots.tolist() == list(range(len(self.model), len(self.model) + len(new)))
-        self.model.update(zip(new, slots.tolist()))
+        self.model.update(new)
 
     @rule(ids=unique_batch)
     def insert(self, ids):
@@ -82,25 +85,42 @@ class IndexMachine(RuleBasedStateMachine):
     def insert_range(self, span):
         self._insert(range_ids(*span))
 
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data):
+        gone = data.draw(st.lists(st.sampled_from(sorted(self.model)), unique=True, max_size=40))
+        before = self.index.row_ids()
+        holes, movers = self.index.remove(self.index.lookup(arr(gone)))
+        self.model.difference_update(gone)
+        # the moved rows are the survivors among the last slots, now in the removed slots below the new length
+        assert before[movers].tolist() == self.index.row_ids()[holes].tolist()
+        assert not set(before[movers].tolist()) & set(gone)
+
     @rule(ids=id_batch)
     def lookup(self, ids):
         got = self.index.lookup(arr(ids))
         assert got.dtype == np.int64
-        assert got.tolist() == [self.model.get(i, -1) for i in ids]
+        assert [s >= 0 for s in got.tolist()] == [i in self.model for i in ids]
+        present = got[got >= 0]
+        assert (self.index.row_ids()[present] == arr([i for i in ids if i in self.model])).all()
 
     @invariant()
     def same_rows(self):
         assert len(self.index) == len(self.model)
-        assert self.index.row_ids().tolist() == list(self.model)  # dicts keep insertion (= slot) order
+        ids = self.index.row_ids()
+        assert sorted(ids.tolist()) == sorted(self.model)
+        assert self.index.lookup(ids).tolist() == list(range(len(ids)))     # slots dense, each id finds its own
         assert len(self.index) <= rows.MAX_LOAD * len(self.index._table)
+        assert (self.index._table >= 0).sum() == len(ids)                  # no stale bucket left by a removal
 
 
 class TableMachine(RuleBasedStateMachine):
     @initialize(capacity=st.integers(0, 6), num_states=st.integers(0, 2))
     def start(self, capacity, num_states):
-        self.table = RowTable(ROW, np.float32, num_states, capacity)
-        self.model = {}  # id -> [weights, [states]]
+        self.table = RowTable(ROW, np.float32, num_states, capacity, columns={"tag": np.int32}, track_changes=True)
+        self.model = {}  # id -> [weights, [states], tag]
         self.calls = []
+        self.changed, self.removed = set(), set()   # since the last clear_changes
 
     def make_rows(self, ids):
         self.calls.append(ids.tolist())
@@ -116,7 +136,8 @@ class TableMachine(RuleBasedStateMachine):
         assert self.calls == ([missing] if missing else [])
         for i in missing:
             self.model[i] = [np.float32(i % 1000) + np.arange(ROW, dtype=np.float32),
-                             [np.zeros(ROW, np.float32) for _ in range(self.table.num_states)]]
+                             [np.zeros(ROW, np.float32) for _ in range(self.table.num_states)], 0]
+        self.changed.update(missing)
         assert slots.tolist() == self.slots_of(ids).tolist()
         assert self.table.row_ids()[slots].tolist() == ids
         np.testing.assert_array_equal(self.table.weights(slots), np.array([self.model[i][0] for i in ids]).reshape(-1, ROW))
@@ -141,6 +162,7 @@ class TableMachine(RuleBasedStateMachine):
         self.table.set_weights(self.slots_of(ids), values)
         for i, v in zip(ids, values):
             self.model[i][0] = v
+        self.changed.update(ids)
 
     @precondition(lambda self: self.model)
     @rule(data=st.data(), seed=st.integers(0, 2**32 - 1))
@@ -151,12 +173,39 @@ class TableMachine(RuleBasedStateMachine):
         self.table.set_states(self.slots_of(ids), values)
         for k, i in enumerate(ids):
             self.model[i][1] = [v[k] for v in values]
+        self.changed.update(ids)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), tag=st.integers(-5, 5))
+    def set_column(self, data, tag):
+        """Write a column in place (not a change the table sees: columns are the caller's metadata)."""
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.model)), unique=True, max_size=20))
+        self.table.column("tag")[self.slots_of(ids)] = tag
+        for i in ids:
+            self.model[i][2] = tag
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data):
+        gone = data.draw(st.lists(st.sampled_from(sorted(self.model)), unique=True, max_size=30))
+        got = self.table.remove_slots(self.slots_of(gone))
+        assert sorted(got.tolist()) == sorted(gone)
+        for i in gone:
+            del self.model[i]
+        self.changed.difference_update(gone)
+        self.removed.update(gone)
+
+    @rule()
+    def clear_changes(self):
+        self.table.clear_changes()
+        self.changed, self.removed = set(), set()
 
     @rule(n=st.integers(0, 3))
     def set_num_states(self, n):
         self.table.set_num_states(n)
         for entry in self.model.values():
             entry[1] = [np.zeros(ROW, np.float32) for _ in range(n)]
+        self.changed.update(self.model)
 
     @invariant()
     def same_rows(self):
@@ -173,6 +222,18 @@ class TableMachine(RuleBasedStateMachine):
         got = table.states(table.lookup(ids))
         for a, b in zip(got, states):
             np.testing.assert_array_equal(a, b)
+        exported = table.export()
+        assert exported["columns"]["tag"].tolist() == [model[i][2] for i in want]
+        # rows past the length are zero in every arena: what makes a new (or re-created) row start clean
+        for arena in table._all_arenas():
+            assert not arena.array[len(table):].any()
+        changes = table.changes()
+        assert changes["row_ids"].tolist() == sorted(self.changed)
+        assert changes["removed"].tolist() == sorted(self.removed - set(model))
+        np.testing.assert_array_equal(changes["weights"],
+                                      np.array([model[i][0] for i in sorted(self.changed)]).reshape(-1, ROW))
+        row_bytes = ROW * 4 * (1 + table.num_states) + 4 + 1 + 8      # weights, states, tag, change flag, id
+        assert table.nbytes() == len(model) * row_bytes + table._index._table.nbytes
 
 
 STATEFUL = settings(max_examples=100, stateful_step_count=30, deadline=None)
@@ -384,3 +445,86 @@ def test_table_memory_follows_rows_stored_not_capacity():
     assert len(table._arenas[0]) >= len(ids)
     grown = _rss_bytes() - before
     assert raw * 0.9 < grown < raw * 1.25 + 8 * 2**20, (grown, raw)
+
+
+def test_remove_refuses_bad_slots_and_changes_nothing():
+    table = RowTable(ROW, np.float32, 1)
+    table.ensure([1, 2, 3], lambda ids: np.ones((3, ROW)))
+    before = table.export()
+    for bad, error in (([3], IndexError), ([-1], IndexError), ([0, 0], ValueError), ([1, 2, 1], ValueError)):
+        with pytest.raises(error):
+            table.remove_slots(bad)
+    after = table.export()
+    assert after["row_ids"].tolist() == before["row_ids"].tolist() == [1, 2, 3]
+    assert table.remove_slots([]).tolist() == [] and len(table) == 3
+    with pytest.raises(ValueError):
+        table.changes()          # not tracking
+
+
+def test_removed_row_comes_back_fresh():
+    table = RowTable(ROW, np.float32, 2, columns={"count": np.uint32})
+    slots = table.ensure([5, 6, 7], lambda ids: np.full((3, ROW), 2.0))
+    table.set_states(slots, [np.full((3, ROW), 9.0)] * 2)
+    table.column("count")[slots] = 4
+    assert table.remove_slots(table.lookup([5])).tolist() == [5]
+    assert table.lookup([5, 6, 7]).tolist()[0] == -1
+    again = table.ensure([5], lambda ids: np.full((1, ROW), 1.0))
+    assert table.weights(again).tolist() == [[1.0] * ROW]
+    assert not any(s.any() for s in table.states(again)) and table.column("count")[again].tolist() == [0]
+
+
+def test_load_keeps_buckets_and_bytes():
+    table = RowTable(ROW, np.float32, 1, columns={"last": np.int32})
+    ids = np.arange(5000, dtype=U64) * U64(7919)
+    table.ensure(ids, lambda new: np.ones((len(new), ROW)))
+    table.remove_slots(np.arange(0, 5000, 2))          # the table keeps the buckets of its peak
+    table.column("last")[:len(table)] = np.arange(len(table))
+    copy = RowTable.load(table.export(), columns={"last": np.int32}, buckets=table.buckets)
+    assert copy.buckets == table.buckets and copy.nbytes() == table.nbytes()
+    for name in ("row_ids", "weights"):
+        np.testing.assert_array_equal(copy.export()[name], table.export()[name])
+    np.testing.assert_array_equal(copy.export()["columns"]["last"], table.export()["columns"]["last"])
+    assert RowTable.load(table.export()).buckets < table.buckets      # without it: sized for the rows now
+    with pytest.raises(ValueError):
+        RowTable.load({"row_ids": arr([3, 1]), "weights": np.zeros((2, ROW)), "states": []})
+
+
+def test_removing_rows_gives_memory_back_and_slots_are_reused():
+    """Insert 100k rows, remove them, insert 100k others, repeatedly: RSS stays at one table's worth."""
+    table = RowTable(64, np.float32, 2, initial_capacity=1)
+    rng = np.random.default_rng(1)
+
+    def fill(ids):
+        for lo in range(0, len(ids), 8192):
+            slots = table.ensure(ids[lo:lo + 8192], lambda new: np.ones((len(new), 64), np.float32))
+            table.set_states(slots, [np.ones((len(slots), 64), np.float32)] * 2)
+
+    raw = 64 * 4 * 3 * 100_000
+    fill(rng.choice(2**50, 100_000, replace=False).astype(U64))
+    peak = _rss_bytes()
+    for _ in range(4):
+        table.remove_slots(np.arange(len(table)))
+        assert len(table) == 0 and _rss_bytes() < peak - raw * 0.8       # the arenas' pages went back
+        fill(rng.choice(2**50, 100_000, replace=False).astype(U64))
+        assert _rss_bytes() < peak + raw * 0.1, (_rss_bytes() - peak) / raw
+    table.remove_slots(np.arange(0, len(table), 3))                     # partial removals keep it consistent
+    ids = table.row_ids()
+    assert table.lookup(ids).tolist() == list(range(len(ids)))
+
+
+def test_large_removal_moves_rows_in_chunks_and_keeps_them():
+    table = RowTable(2, np.float32, 1, columns={"tag": np.int32})
+    ids = np.arange(300_000, dtype=U64) * U64(2654435761)
+    slots = table.ensure(ids, lambda new: np.stack([new.astype(np.float32), -new.astype(np.float32)], 1))
+    table.set_states(slots, [np.arange(600_000, dtype=np.float32).reshape(-1, 2)])
+    table.column("tag")[slots] = np.arange(300_000, dtype=np.int32)
+    gone = np.arange(0, 300_000, 2)
+    table.remove_slots(slots[gone])                  # 75,000 holes below the new length: more than one chunk
+    assert len(table) == 150_000
+    kept = np.setdiff1d(np.arange(300_000), gone)
+    out = table.export()
+    np.testing.assert_array_equal(out["row_ids"], np.sort(ids[kept]))
+    order = np.argsort(ids[kept])
+    np.testing.assert_array_equal(out["weights"][:, 0], ids[kept][order].astype(np.float32))
+    np.testing.assert_array_equal(out["states"][0][:, 0], (2 * kept[order]).astype(np.float32))
+    np.testing.assert_array_equal(out["columns"]["tag"], kept[order].astype(np.int32))

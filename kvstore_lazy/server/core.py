@@ -38,6 +38,7 @@ from ..protocol.message import Message
 from ..protocol.pbmeta import EMPTY
 from .declaration import LazySpec
 from .keys import DenseKey, RowSparseKey
+from .lifecycle import Lifecycle, Settings
 from .state_transfer import StateTransfer
 
 log = logging.getLogger("kvstore_lazy.server")
@@ -61,7 +62,7 @@ Key = DenseKey | RowSparseKey
 
 class KVServer:
     def __init__(self, rank: int, num_servers: int, num_workers: int,
-                 materialize: str = MATERIALIZE_ON_PUSH) -> None:
+                 materialize: str = MATERIALIZE_ON_PUSH, lifecycle: Settings | None = None) -> None:
         if materialize not in (MATERIALIZE_ON_TOUCH, MATERIALIZE_ON_PUSH):
             raise ValueError(f"materialize must be {MATERIALIZE_ON_TOUCH!r} or {MATERIALIZE_ON_PUSH!r}")
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
@@ -73,6 +74,7 @@ class KVServer:
         self.optimizer: Optimizer | None = None
         self.optimizer_body: bytes | None = None
         self.keys: dict[int, Key] = {}
+        self.lifecycle = Lifecycle(lifecycle, num_workers)   # row admission/eviction, the memory budget
         self.specs: dict[int, LazySpec] = {}
         self.transfer = StateTransfer(self)
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
@@ -248,7 +250,7 @@ class KVServer:
                 raise BadRequest(request.key, "dist_async push with no optimizer set (the stock server aborts: "
                                               "'Updater needs to be set for async mode')")
             requests = [request]
-        entry.apply(grad, self.optimizer)
+        self.lifecycle.apply(entry, grad, self.optimizer, self.sync_mode, self.keys)
         if isinstance(entry, DenseKey):
             return [wire.value_reply(r, entry.pull(entry.dtype)) if r.pull else wire.reply(r.sender, r.meta)
                     for r in requests]
@@ -275,7 +277,7 @@ class KVServer:
             num_states = self.optimizer.num_states() if self.optimizer is not None else 0
             self.keys[request.key] = RowSparseKey.first_push(
                 request, self.specs.get(request.key), self._storage_dtype(request.dtype), num_states,
-                self.num_servers, self.rank)
+                self.num_servers, self.rank, self.lifecycle)
             return [wire.reply(request.sender, request.meta)]
         return self._round(request, entry, entry.gradient(request))
 
@@ -300,7 +302,8 @@ class KVServer:
         keys = {str(k): e.stats() for k, e in sorted(self.keys.items()) if isinstance(e, RowSparseKey)}
         dense = [e for e in self.keys.values() if isinstance(e, DenseKey)]
         return {"rank": self.rank, "sparse": keys, "dense_keys": len(dense),
-                "dense_bytes": sum(e.nbytes() for e in dense), "bad_requests": self.bad_requests}
+                "dense_bytes": sum(e.nbytes() for e in dense), "bad_requests": self.bad_requests,
+                "lifecycle": self.lifecycle.stats(self.keys)}
 
     def key_ids(self) -> list[int]:
         return list(self.keys)
@@ -309,8 +312,9 @@ class KVServer:
         """No dist_sync round is half-way: every push received so far is applied and answered."""
         return not any(e.round.pending for e in self.keys.values())
 
-    def snapshot(self) -> tuple[dict, dict[int, dict]]:
-        """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot. Pending sync-round merges are not
+    def snapshot(self, delta: bool = False) -> tuple[dict, dict[int, dict]]:
+        """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot; with `delta`, per key only what
+        changed since the last :meth:`snapshot_written` (checkpoint.SnapshotChain). Pending sync-round merges are not
         included: their pushes were not acknowledged yet."""
         opt = self.optimizer
         meta = {
@@ -321,8 +325,14 @@ class KVServer:
                 "num_update": int(opt.num_update), "counts": {str(k): v for k, v in opt.update_counts().items()}},
             "specs": [spec.to_json() for spec in self.specs.values()],
             "aliases": {str(alias): key for alias, key in self.transfer.aliases.items()},
+            "lifecycle": self.lifecycle.state(),
         }
-        return meta, {key: entry.snapshot() for key, entry in self.keys.items()}
+        return meta, {key: entry.delta() if delta else entry.snapshot() for key, entry in self.keys.items()}
+
+    def snapshot_written(self) -> None:
+        """A snapshot of the chain (base or delta) holds the state now: the next delta starts from here."""
+        for entry in self.keys.values():
+            entry.snapshot_written()
 
     def inspect(self) -> dict:
         """Everything requests can change, pending rounds included, as comparable values (tests)."""
@@ -338,6 +348,7 @@ class KVServer:
         for spec in meta.get("specs", []):
             self.declare(LazySpec.from_json(spec))
         self.transfer.aliases.update({int(alias): int(key) for alias, key in meta.get("aliases", {}).items()})
+        self.lifecycle.restore(meta.get("lifecycle"))
         if meta.get("optimizer"):
             self.set_optimizer(meta["optimizer"].encode("latin-1"))
             counts = meta.get("optimizer_counts") or {}
@@ -349,4 +360,4 @@ class KVServer:
             if table["meta"]["kind"] == DenseKey.kind:
                 self.keys[key] = DenseKey.restore(key, table, self.multi_precision)
             else:
-                self.keys[key] = RowSparseKey.restore(key, table, self.specs.get(key), num_states)
+                self.keys[key] = RowSparseKey.restore(key, table, self.specs.get(key), num_states, self.lifecycle)

@@ -3,15 +3,18 @@
 Owns: :class:`LazySpec` and its JSON form (``kvstore_lazy.worker.lazy_spec_body`` writes it; server snapshots keep
 it), and the bounds one declaration may ask for. A declaration allocates nothing, but every later pull of its key
 allocates rows of its row size, so a row size or a key outside these bounds is refused when it is declared.
+An optional ``"policy"`` object sets the key's row lifecycle (``lifecycle.Policy``: admission, TTL); fields it
+leaves out take the server's defaults (the ``KVSTORE_LAZY_*`` environment) when the key is created.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..initializers import RowInitializer, parse_initializer
 from ..protocol import mxnet as mx
+from .lifecycle import Policy
 
 MAX_ROW_ELEMENTS = 1 << 16        # elements per row (embedding dims); 256 KiB a float32 row
 MAX_ROWS = 1 << 62                # rows of one key (hashed ids over a 2^62 space)
@@ -37,6 +40,11 @@ class LazySpec:
     seed: int
     bound: int
     initializer: RowInitializer
+    policy: dict = field(default_factory=dict)   # lifecycle.Policy fields the declaration sets
+
+    def row_policy(self, defaults: Policy) -> Policy:
+        """The key's lifecycle policy: the declared fields over the server's defaults."""
+        return defaults.updated(self.policy)
 
     @property
     def row_size(self) -> int:
@@ -53,8 +61,11 @@ class LazySpec:
         return 0, self.total_rows
 
     def to_json(self) -> dict:
-        return {"key": self.key, "rows": self.total_rows, "row_shape": list(self.row_shape),
+        body = {"key": self.key, "rows": self.total_rows, "row_shape": list(self.row_shape),
                 "dtype": self.dtype.name, "init": self.init, "seed": self.seed, "bound": self.bound}
+        if self.policy:
+            body["policy"] = dict(self.policy)
+        return body
 
     @classmethod
     def from_json(cls, body) -> "LazySpec":
@@ -77,6 +88,6 @@ class LazySpec:
                    row_shape=tuple(row_shape), dtype=np.dtype(dtype), init=init,
                    seed=_whole(body, "seed", -(1 << 63), (1 << 64) - 1, default=0),
                    bound=_whole(body, "bound", 1, (1 << 63) - 1, default=DEFAULT_BOUND),
-                   initializer=parse_initializer(init))
+                   initializer=parse_initializer(init), policy=Policy.check(body.get("policy", {})))
         spec.initializer.rows(spec.seed, spec.key, np.zeros(1, np.uint64), spec.shape, spec.dtype)  # fails now if ever
         return spec

@@ -26,6 +26,7 @@ from ..protocol.kv import BadRequest, DataRequest
 from ..store import kernels
 from ..store.rows import RowTable
 from .declaration import LazySpec
+from .lifecycle import Lifecycle, RowPolicy
 
 
 class SyncRound:
@@ -159,6 +160,13 @@ class DenseKey:
                 "merged": None if not self.round.pending else np.asarray(self.round.merged).tobytes(),
                 "round": self.round.describe()}
 
+    def delta(self) -> dict:
+        """What an incremental snapshot holds of this key: all of it (a dense value changes as a whole)."""
+        return dict(self.snapshot(), mode="full")
+
+    def snapshot_written(self) -> None:
+        pass
+
     @classmethod
     def restore(cls, key: int, table: dict, multi_precision: bool) -> "DenseKey":
         dtype = np.dtype(table["meta"]["dtype"])
@@ -175,26 +183,38 @@ class DenseKey:
 class RowSparseKey:
     """A row_sparse key: a table of the rows that exist (DataHandleRowSparse), lazy when a worker declared it.
 
-    The one place a policy for rows (admission, eviction, a disk tier) plugs in: every row enters the table
-    through :meth:`_slots_for` and leaves it nowhere else.
+    The one place a policy for rows plugs in: a lazy key with an active lifecycle policy (admission, TTL, the
+    server's memory budget) consults its :class:`~kvstore_lazy.server.lifecycle.RowPolicy` (``policy``). Every row
+    enters the table through :meth:`_slots_for` (after :meth:`RowPolicy.admit` for a push) and leaves it only
+    through :meth:`expire` and :meth:`evict`, at the eviction points the server's ``Lifecycle`` runs.
     """
 
     kind = "row_sparse"
 
     def __init__(self, key: int, dtype: np.dtype, row_size: int, storage_dtype: np.dtype, num_states: int,
-                 local_rows: int, row_offset: int = 0, spec: LazySpec | None = None) -> None:
+                 local_rows: int, row_offset: int = 0, spec: LazySpec | None = None,
+                 policy: RowPolicy | None = None, track_changes: bool = False) -> None:
         self.key = key
         self.dtype = dtype                  # the key's dtype (what the wire carries)
         self.row_size = row_size            # elements per row ("unit_len")
         self.local_rows = local_rows        # rows this server holds (local ids < local_rows)
         self.row_offset = row_offset        # global row id of local row 0 (partitioned keys)
         self.spec = spec
-        self._table = RowTable(row_size, storage_dtype, num_states=num_states)   # float32 under multi-precision
+        self.policy = policy
+        self._track = track_changes         # tables record changes for incremental snapshots
+        self._table = self._new_table(storage_dtype, num_states)   # float32 under multi-precision
+        self._rebuilt = True                # the next incremental snapshot must hold the whole key
         self.round = SyncRound()
+
+    def _new_table(self, dtype, num_states: int, rows: dict | None = None, buckets: int | None = None) -> RowTable:
+        columns = self.policy.columns if self.policy is not None else None
+        if rows is None:
+            return RowTable(self.row_size, dtype, num_states=num_states, columns=columns, track_changes=self._track)
+        return RowTable.load(rows, dtype=dtype, columns=columns, track_changes=self._track, buckets=buckets)
 
     @classmethod
     def first_push(cls, request: DataRequest, spec: LazySpec | None, storage_dtype: np.dtype, num_states: int,
-                   num_servers: int, rank: int) -> "RowSparseKey":
+                   num_servers: int, rank: int, lifecycle: Lifecycle | None = None) -> "RowSparseKey":
         """The init push: a declared key takes its shape from the declaration (its init may carry no rows); any
         other key gets the rows the init carries, and those are all the rows it has."""
         values = request.values
@@ -211,11 +231,17 @@ class RowSparseKey:
                 raise BadRequest(request.key, "row_sparse init with no rows for a key that was not declared lazy "
                                               "(declare it with kvstore_lazy.worker.init_lazy, or init with rows)")
             offset, local_rows, row_size = 0, len(request.local_ids), values.shape[1]
-        entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec)
+        policy, track = None, False
+        if lifecycle is not None:
+            track = lifecycle.settings.track_changes
+            if spec is not None:
+                policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), request.key, spec.seed)
+        entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
+                    policy, track)
         entry.check_rows(request.local_ids)
         if len(request.local_ids):
             # Rows given at init are stored as sent (this is also how a checkpoint is restored).
-            slots = entry._table.ensure(entry.row_ids_of(request.local_ids), entry._zeros)
+            slots = entry._slots_for(entry.row_ids_of(request.local_ids), entry._zeros)
             entry._table.set_weights(slots, values.astype(entry._table.dtype))
         return entry
 
@@ -250,9 +276,13 @@ class RowSparseKey:
     def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
         return np.zeros((len(row_ids), self.row_size), self._table.dtype)
 
-    def _slots_for(self, row_ids: np.ndarray) -> np.ndarray:
-        """Slots of `row_ids`, creating absent rows with their initial values."""
-        return self._table.ensure(row_ids, self.initial_rows)
+    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None) -> np.ndarray:
+        """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`)."""
+        before = len(self._table)
+        slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
+        if self.policy is not None and len(self._table) > before:
+            self.policy.created(self._table, before, len(self._table))
+        return slots
 
     # -- push, apply, pull
 
@@ -282,12 +312,24 @@ class RowSparseKey:
         local_ids, values = grad
         if len(local_ids) == 0:
             return
-        slots = self._slots_for(self.row_ids_of(local_ids))
+        row_ids = self.row_ids_of(local_ids)
+        if self.policy is not None:
+            keep = self.policy.admit(self._table, row_ids)
+            if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
+                # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
+                row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
+        slots = self._slots_for(row_ids)
+        self._update(slots, values, optimizer)
+        if self.policy is not None:
+            self.policy.pushed(self._table, slots)
+
+    def _update(self, slots: np.ndarray, values: np.ndarray, optimizer: Optimizer | None) -> None:
         if optimizer is None:
             self._table.set_weights(slots, values)
             return
         tables = self._table.arrays()
         if optimizer.update_rows(self.key, tables[0], tables[1:], slots, values):
+            self._table.mark_changed(slots)
             return
         del tables
         weights, states = self._table.weights(slots), self._table.states(slots)
@@ -301,6 +343,8 @@ class RowSparseKey:
         self.check_dtype(request.dtype, "pull")
         self.check_rows(request.local_ids)
         row_ids = self.row_ids_of(request.local_ids)
+        if store and self.policy is not None and not self.policy.stores_on_pull:
+            store = False            # rows wait for admission: a pull never creates one
         if store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
@@ -315,12 +359,14 @@ class RowSparseKey:
     def use_master_copy(self) -> None:
         """kSetMultiPrecision: the rows move to a float32 table."""
         if self.dtype != np.float32 and self._table.dtype != np.float32:
-            ids, weights, states = self._table.items()
-            self._table = _table_of(self.row_size, ids, weights.astype(np.float32),
-                                    [s.astype(np.float32) for s in states])
+            rows = self._table.export()
+            rows["states"] = [s.astype(np.float32) for s in rows["states"]]
+            self._table = self._new_table(np.float32, self.num_states, rows, self._table.buckets)
+            self._rebuilt = True
 
     def reset_states(self, optimizer: Optimizer) -> None:
         self._table.set_num_states(optimizer.num_states())
+        self._rebuilt = True         # every row's states changed (their number too): snapshot the whole key
 
     # -- rows and optimizer states, for worker checkpoints (state_transfer)
 
@@ -353,13 +399,76 @@ class RowSparseKey:
         states[index] = values.reshape(len(row_ids), self.row_size).astype(self._table.dtype)
         self._table.set_states(slots, states)
 
+    # -- the lifecycle: eviction points and the memory budget (see server.lifecycle)
+
+    def expire(self) -> int:
+        """The TTL sweep at an eviction point: remove the rows whose time ran out."""
+        slots = self.policy.expired(self._table)
+        if len(slots):
+            self._table.remove_slots(slots)
+            self.policy.counters["evicted_ttl"] += len(slots)
+        return len(slots)
+
+    def scores(self) -> np.ndarray:
+        """The eviction score of every slot, for the memory budget."""
+        return self.policy.scores(self._table)
+
+    def ids_at(self, slots: np.ndarray) -> np.ndarray:
+        """Global row ids of existing slots."""
+        return self._table.ids_at(slots)
+
+    def evict(self, slots: np.ndarray) -> int:
+        """Remove the rows at `slots` (the budget's choice, from :meth:`scores` of this table as it is); their next
+        touch starts them over."""
+        self._table.remove_slots(slots)
+        self.policy.counters["evicted_budget"] += len(slots)
+        return len(slots)
+
+    def accounted_bytes(self) -> int:
+        """What the memory budget counts for this key: its row table and its pending-admission table."""
+        return self._table.nbytes() + (self.policy.pending_bytes() if self.policy is not None else 0)
+
+    def row_nbytes(self) -> int:
+        """Accounted bytes one row of this key costs (the index's buckets aside)."""
+        return self._table.row_nbytes
+
     # -- snapshots and stats
 
     def snapshot(self) -> dict:
-        ids, weights, states = self._table.items()
-        return {"row_ids": ids, "weights": weights, "states": states,
-                "meta": {"kind": self.kind, "dtype": self.dtype.name, "row_size": self.row_size,
-                         "local_rows": self.local_rows, "row_offset": self.row_offset, "lazy": self.spec is not None}}
+        return self._snapshot(self._table.export(), None if self.policy is None else self.policy.pending_rows())
+
+    def _snapshot(self, rows: dict, pending: dict | None) -> dict:
+        meta = {"kind": self.kind, "dtype": self.dtype.name, "row_size": self.row_size,
+                "local_rows": self.local_rows, "row_offset": self.row_offset, "lazy": self.spec is not None,
+                "buckets": self._table.buckets}
+        arrays = {f"col_{name}": values for name, values in rows["columns"].items()}
+        if "removed" in rows:
+            arrays["dead_ids"] = rows["removed"]
+        if self.policy is not None:
+            meta["policy_state"] = self.policy.state()
+        if pending is not None:
+            arrays.update(pending_ids=pending["row_ids"], pending_count=pending["weights"].reshape(-1),
+                          pending_last=pending["columns"]["last"])
+            if "removed" in pending:
+                arrays["pending_dead"] = pending["removed"]
+        return {"row_ids": rows["row_ids"], "weights": rows["weights"], "states": rows["states"], "meta": meta,
+                "arrays": arrays}
+
+    def delta(self) -> dict:
+        """What an incremental snapshot holds of this key: the rows created or written since the last snapshot
+        (with their columns), ``dead_ids`` for rows removed since then, the same for the pending table, and the
+        policy state; the whole key (``mode: full``) if it is new or was rebuilt since."""
+        if self._rebuilt or not self._table.tracks_changes:
+            return dict(self.snapshot(), mode="full")
+        pending = None if self.policy is None else self.policy.pending_rows(changes=True)
+        return dict(self._snapshot(self._table.changes(), pending), mode="delta")
+
+    def snapshot_written(self) -> None:
+        """The state now is on disk (a base or a delta of the snapshot chain): changes start over from here."""
+        self._table.clear_changes()
+        if self.policy is not None:
+            self.policy.clear_changes()
+        self._rebuilt = False
 
     def inspect(self) -> dict:
         """Everything a rejected request must leave alone, as bytes (tests compare it before and after)."""
@@ -367,33 +476,44 @@ class RowSparseKey:
         merged = self.round.merged if self.round.pending else None
         return {"meta": table["meta"], "storage": self._table.dtype.name, "row_ids": table["row_ids"].tobytes(),
                 "weights": table["weights"].tobytes(), "states": [s.tobytes() for s in table["states"]],
+                "arrays": {name: a.tobytes() for name, a in table["arrays"].items()},
                 "merged": None if merged is None else (merged[0].tobytes(), merged[1].tobytes()),
                 "round": self.round.describe()}
 
     @classmethod
-    def restore(cls, key: int, table: dict, spec: LazySpec | None, num_states: int | None) -> "RowSparseKey":
+    def restore(cls, key: int, table: dict, spec: LazySpec | None, num_states: int | None,
+                lifecycle: Lifecycle | None = None) -> "RowSparseKey":
         info = table["meta"]
+        arrays = table.get("arrays", {})
+        spec = spec if info.get("lazy") else None
+        policy = None
+        if lifecycle is not None and spec is not None:
+            if info.get("policy_state") is not None:       # the snapshot's policy and its state rule
+                pending = None
+                if "pending_ids" in arrays:
+                    pending = {"row_ids": arrays["pending_ids"], "weights": arrays["pending_count"].reshape(-1, 1),
+                               "states": [], "columns": {"last": arrays["pending_last"]}}
+                policy = RowPolicy.restore(info["policy_state"], lifecycle, key, spec.seed, pending)
+                lifecycle.adopt(policy)
+            else:
+                policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), key, spec.seed)
         entry = cls(key, np.dtype(info["dtype"]), int(info["row_size"]), table["weights"].dtype,
-                    len(table["states"]), int(info["local_rows"]), int(info["row_offset"]),
-                    spec if info.get("lazy") else None)
-        entry._table = _table_of(entry.row_size, table["row_ids"], table["weights"], table["states"])
+                    len(table["states"]), int(info["local_rows"]), int(info["row_offset"]), spec, policy,
+                    lifecycle.settings.track_changes if lifecycle is not None else False)
+        rows = {"row_ids": table["row_ids"], "weights": table["weights"], "states": table["states"],
+                "columns": {name[4:]: a for name, a in arrays.items() if name.startswith("col_")}}
+        entry._table = entry._new_table(table["weights"].dtype, len(table["states"]), rows, info.get("buckets"))
+        entry.snapshot_written()      # what was loaded is what is on disk
         if num_states is not None and entry.num_states != num_states:
             entry._table.set_num_states(num_states)
         return entry
 
     def stats(self) -> dict:
-        return {"rows": len(self._table), "bytes": self._table.nbytes(), "lazy": self.spec is not None,
-                "local_rows": self.local_rows, "row_offset": self.row_offset}
+        out = {"rows": len(self._table), "bytes": self._table.nbytes(), "lazy": self.spec is not None,
+               "local_rows": self.local_rows, "row_offset": self.row_offset}
+        if self.policy is not None:
+            out.update(self.policy.stats())
+        return out
 
     def __len__(self) -> int:
         return len(self._table)
-
-
-def _table_of(row_size: int, row_ids: np.ndarray, weights: np.ndarray, states: list[np.ndarray]) -> RowTable:
-    """A row table holding exactly these rows (weights in the table's dtype) and their states."""
-    table = RowTable(row_size, weights.dtype, num_states=len(states))
-    slots = table.ensure(row_ids, lambda ids: np.zeros((len(ids), table.row_size), table.dtype))
-    table.set_weights(slots, weights)
-    if states:
-        table.set_states(slots, states)
-    return table

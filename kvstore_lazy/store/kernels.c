@@ -50,6 +50,42 @@ static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id
 INDEX_KERNELS(int32_t, i32)
 INDEX_KERNELS(int64_t, i64)
 
+/* Removing rows from the index, slots kept dense (swap-with-last). del[0..k) are the slots removed (unique), holes[i]
+ * and movers[i] (m pairs) say that the live row at slot movers[i] (>= n - k) moves to slot holes[i] (a removed slot
+ * < n - k). First every removed slot's bucket is emptied by backward-shift deletion (the entries after it in its probe
+ * run move back when their home bucket allows, so no run is broken and no tombstone is needed; keys[] of removed slots
+ * are still intact while this runs), then each mover's bucket and keys[] entry follow it to its hole. */
+#define INDEX_REMOVE(T, SUFFIX)                                                                                   \
+    static int64_t bucket_of_##SUFFIX(const T *table, int64_t mask, const uint64_t *keys, int64_t slot,         \
+                                      unsigned shift) {                                                        \
+        int64_t pos = home(keys[slot], shift);                                                                 \
+        while (table[pos] != (T)slot) pos = (pos + 1) & mask;                                                  \
+        return pos;                                                                                            \
+    }                                                                                                          \
+    void index_remove_##SUFFIX(T *table, int64_t mask, uint64_t *keys, const int64_t *del, int64_t k,         \
+                               const int64_t *holes, const int64_t *movers, int64_t m, unsigned shift) {       \
+        for (int64_t i = 0; i < k; i++) {                                                                      \
+            int64_t hole = bucket_of_##SUFFIX(table, mask, keys, del[i], shift), j = hole;                     \
+            for (;;) {                                                                                         \
+                j = (j + 1) & mask;                                                                            \
+                T slot = table[j];                                                                             \
+                if (slot < 0) break;                                                                           \
+                int64_t h = home(keys[slot], shift);                                                           \
+                /* the entry at j stays unless its home lies outside the cyclic range (hole, j] */             \
+                int stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);                           \
+                if (!stays) { table[hole] = slot; hole = j; }                                                  \
+            }                                                                                                  \
+            table[hole] = -1;                                                                                  \
+        }                                                                                                      \
+        for (int64_t i = 0; i < m; i++) {                                                                      \
+            table[bucket_of_##SUFFIX(table, mask, keys, movers[i], shift)] = (T)holes[i];                      \
+            keys[holes[i]] = keys[movers[i]];                                                                  \
+        }                                                                                                      \
+    }
+
+INDEX_REMOVE(int32_t, i32)
+INDEX_REMOVE(int64_t, i64)
+
 /* Union of two sorted unique id lists with their rows (cols floats each); rows in both are summed as a + b. As the
  * numpy merge did (zeros, a assigned, b added): rows only in a are copied, rows only in b are 0 + b (-0.0 -> +0.0).
  * ids/vals have room for na + nb rows; returns the number written. */

@@ -32,6 +32,8 @@ _SIGNATURES = {
     "index_lookup_i64": [_ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint, _ptr],
     "index_place_i32": [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_uint],
     "index_place_i64": [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_uint],
+    "index_remove_i32": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
+    "index_remove_i64": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "merge_rows_f32": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr],
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
@@ -113,6 +115,18 @@ def index_place(table: np.ndarray, ids: np.ndarray, first_slot: int, shift: int)
     ids = np.ascontiguousarray(ids, np.uint64)
     fn = _lib.index_place_i32 if table.dtype == np.int32 else _lib.index_place_i64
     fn(_addr(table), len(table) - 1, _addr(ids), len(ids), int(first_slot), int(shift))
+
+
+def index_remove(table: np.ndarray, keys: np.ndarray, slots: np.ndarray, holes: np.ndarray, movers: np.ndarray,
+                 shift: int) -> None:
+    """Empty the buckets of ``slots`` (present, unique; int64), then move the rows at ``movers`` to ``holes`` (pairs,
+    int64): their buckets and ``keys`` entries follow. The caller (RowIndex.remove) checks every slot is in use."""
+    slots, holes, movers = (np.ascontiguousarray(a, np.int64) for a in (slots, holes, movers))
+    if len(holes) != len(movers):
+        raise ValueError(f"{len(holes)} holes for {len(movers)} moving rows")
+    fn = _lib.index_remove_i32 if table.dtype == np.int32 else _lib.index_remove_i64
+    fn(_addr(table), len(table) - 1, _addr(keys), _addr(slots), len(slots), _addr(holes), _addr(movers),
+       len(movers), int(shift))
 
 
 # ---------------------------------------------------------------------------------------------------------------

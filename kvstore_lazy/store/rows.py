@@ -3,16 +3,29 @@
 This module owns two things:
 
 * :class:`RowIndex` maps 64-bit row ids (``uint64``, every value allowed, 0 and ``2**64 - 1`` included) to dense
-  slots ``0, 1, 2, ...`` in insertion order. It is an open-addressing hash table with linear probing. The table
-  holds only slots (``int32`` while fewer than ``2**31`` rows are possible, else ``int64``; ``-1`` marks an empty
-  bucket); the id of slot ``s`` lives in a dense ``keys[s]`` array, which is also :meth:`RowIndex.row_ids`.
-  Probing runs in a compiled loop (:mod:`kvstore_lazy.store.kernels`), one pass over a batch.
-* :class:`RowTable` puts row arenas beside a :class:`RowIndex`: one array for the weights and one per optimizer
-  state, all with the same capacity, row ``s`` of each belonging to slot ``s``. Rows are never removed.
+  slots ``0 .. len - 1``. It is an open-addressing hash table with linear probing. The table holds only slots
+  (``int32`` while fewer than ``2**31`` rows are possible, else ``int64``; ``-1`` marks an empty bucket); the id of
+  slot ``s`` lives in a dense ``keys[s]`` array, which is also :meth:`RowIndex.row_ids`. Probing runs in a compiled
+  loop (:mod:`kvstore_lazy.store.kernels`), one pass over a batch.
+* :class:`RowTable` puts row arenas beside a :class:`RowIndex`: one array for the weights, one per optimizer state
+  and one per named *column* (per-row metadata such as a policy's counters), all with the same capacity, row ``s``
+  of each belonging to slot ``s``. Optionally it tracks which rows changed and which were removed since the last
+  :meth:`RowTable.clear_changes` (what an incremental snapshot writes).
+
+Removal keeps slots dense (swap-with-last): the removed slots below the new length are refilled with the live rows
+above it, whose bucket and ``keys`` entry follow them; the removed buckets are emptied by backward-shift deletion,
+so probe runs stay unbroken without tombstones. Everything is one C pass plus one ``take``/``put`` per arena. The
+vacated tail is zeroed and its whole pages handed back to the kernel (``madvise(MADV_DONTNEED)``), so resident
+memory falls with the rows and the next rows reuse those slots: a table whose row count is bounded has bounded
+memory. Slot order therefore depends on history; everything that leaves the table (:meth:`RowTable.items`,
+:meth:`RowTable.export`) is sorted by row id.
 
 Memory. For ``n`` rows the index costs ``8 * n`` bytes of ``keys`` plus ``itemsize(table) * buckets``: the table has
 a power-of-two bucket count and is rebuilt at twice the size once the load passes ``MAX_LOAD`` (so 4 bytes / load, 8
-to 16 bytes a row with int32 slots); about 16 to 24 bytes a row in all.
+to 16 bytes a row with int32 slots); about 16 to 24 bytes a row in all. The table never shrinks; a table restored
+with ``buckets`` gets the bucket count it had, so :meth:`RowTable.nbytes` (``n`` times the bytes of a row in every
+arena, plus ``keys`` and the table: exact, not rounded to pages, a pure function of the history) is the same for a
+restored table as for the one it was saved from.
 
 Arenas (and ``keys``) are :class:`Arena` objects: anonymous memory mappings that grow in place with ``mremap``.
 Growing copies nothing, never holds old and new at once, and writes nothing: the kernel hands out zeroed pages the
@@ -42,6 +55,7 @@ MAX_LOAD = 0.5
 ARENA_GROWTH = 2
 
 _MIN_BUCKETS = 8
+_MOVE_CHUNK = 1 << 16            # rows moved per take/put when a removal refills slots
 _MAX_INT32_SLOTS = 2**31  # tables that may hold this many rows use int64 slots
 
 
@@ -101,6 +115,23 @@ class Arena:
             return
         self._bind()
 
+    def clear(self, lo: int, hi: int) -> None:
+        """Zero rows ``[lo, hi)``; the whole pages among them go back to the kernel (they read as zero again)."""
+        start, end = lo * self.row_bytes, min(hi, self.capacity) * self.row_bytes
+        if end <= start:
+            return
+        first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+        if last <= first:
+            self._map[start:end] = bytes(end - start)
+            return
+        self._map[start:first] = bytes(first - start)
+        self._map[last:end] = bytes(end - last)
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+        except (AttributeError, OSError):      # no madvise here: write the zeros instead
+            for at in range(first, last, 1 << 24):
+                self._map[at:min(last, at + (1 << 24))] = bytes(min(last, at + (1 << 24)) - at)
+
     def nbytes(self, used: int) -> int:
         """Bytes of memory the first ``used`` rows occupy (whole pages)."""
         return -(-used * self.row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -121,15 +152,18 @@ def _shift(table: np.ndarray) -> np.uint64:
 
 
 class RowIndex:
-    """uint64 row id -> int64 slot; slots are handed out ``0, 1, 2, ...`` in insertion order.
+    """uint64 row id -> int64 slot; slots are handed out ``len, len+1, ...`` in insertion order and stay dense
+    ``0 .. len - 1`` through removals (the last rows move into the removed slots).
 
     Not thread-safe: callers serialise access (a concurrent reader only makes growth fall back to copying).
     """
 
-    def __init__(self, capacity: int = 1024):
+    def __init__(self, capacity: int = 1024, buckets: int | None = None):
         self._n = 0
         self._keys = Arena((), np.uint64, capacity)  # row id by slot
-        self._table = self._new_table(capacity)
+        self._table = self._new_table(capacity if buckets is None else int(buckets * MAX_LOAD))
+        if buckets is not None and len(self._table) != buckets:
+            raise ValueError(f"buckets must be a power of two >= {2 * _MIN_BUCKETS}, got {buckets}")
 
     def __len__(self) -> int:
         return self._n
@@ -165,13 +199,42 @@ class RowIndex:
         self._n = start + m
         return slots
 
+    def remove(self, slots) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the rows at ``slots`` (unique, in use: else ValueError/IndexError and nothing changes). The live
+        rows at ``movers`` (the last slots) take the removed slots ``holes``; returns ``(holes, movers)`` so that
+        arenas beside the index can move their rows the same way."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        n, k = self._n, len(slots)
+        if k and (slots.min() < 0 or slots.max() >= n):
+            raise IndexError(f"slot out of range [0, {n})")
+        slots = np.unique(slots)
+        if len(slots) != k:
+            raise ValueError("duplicate slots in one remove")
+        rest = n - k
+        holes = slots[slots < rest]
+        tail = np.arange(rest, n, dtype=np.int64)
+        movers = tail[~np.isin(tail, slots[slots >= rest], assume_unique=True)]
+        if k:
+            kernels.index_remove(self._table, self._keys.array, slots, holes, movers, _shift(self._table))
+            self._keys.clear(rest, n)
+            self._n = rest
+        return holes, movers
+
     def row_ids(self) -> np.ndarray:
         """``uint64`` ids ordered by slot (a copy)."""
         return self._keys.array[:self._n].copy()
 
+    def ids_at(self, slots: np.ndarray) -> np.ndarray:
+        """The ids of slots in use (checked by the caller)."""
+        return self._keys.array[slots]
+
+    @property
+    def buckets(self) -> int:
+        return len(self._table)
+
     def nbytes(self) -> int:
-        """Bytes in use: the stored ids plus the hash table."""
-        return self._keys.nbytes(self._n) + self._table.nbytes
+        """Bytes in use: the stored ids (8 a row) plus the hash table."""
+        return 8 * self._n + self._table.nbytes
 
     # -- internals
 
@@ -189,23 +252,40 @@ class RowIndex:
 
 
 class RowTable:
-    """Rows of one ``row_sparse`` key: weights plus ``num_states`` optimizer states per row, created on first touch.
+    """Rows of one ``row_sparse`` key: weights plus ``num_states`` optimizer states per row, created on first touch,
+    plus named per-row ``columns`` (``{name: dtype}``, scalars, zero for a new row) that move with their rows.
 
     Arena rows at and past ``len(self)`` are always zero: arenas start zero, growth adds zero pages, slots past
-    ``len`` can't be written and rows are never removed. So a new row's states need no write. Not thread-safe.
+    ``len`` can't be written and removal zeroes what it vacates. So a new row's states and columns need no write.
+
+    With ``track_changes`` the table remembers which rows were created or written through it since the last
+    :meth:`clear_changes` (updates made in place through :meth:`arrays` are marked by the caller with
+    :meth:`mark_changed`) and the ids removed since then: :meth:`changes`. Not thread-safe.
     """
 
-    def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024):
+    def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024,
+                 columns: dict | None = None, track_changes: bool = False, buckets: int | None = None):
         self.row_size = int(row_size)
         self.dtype = np.dtype(dtype)
-        self._index = RowIndex(initial_capacity)
+        self._index = RowIndex(initial_capacity, buckets)
         capacity = max(int(initial_capacity), 1)
         # _arenas[0] holds the weights, _arenas[1:] the states; all share one capacity (their first dimension)
         self._arenas = [self._arena(capacity) for _ in range(1 + int(num_states))]
+        self._columns = {name: Arena((), dtype, capacity) for name, dtype in (columns or {}).items()}
+        self._changed = Arena((), np.uint8, capacity) if track_changes else None
+        self._removed: list[np.ndarray] = []
 
     @property
     def num_states(self) -> int:
         return len(self._arenas) - 1
+
+    @property
+    def buckets(self) -> int:
+        return self._index.buckets
+
+    @property
+    def tracks_changes(self) -> bool:
+        return self._changed is not None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -232,19 +312,51 @@ class RowTable:
             self._reserve(lo + len(new_ids))
             slots[missing] = self._index.insert(new_ids)
             self._arenas[0].array[lo:len(self)] = rows  # their states are zero already (see the class docstring)
+            if self._changed is not None:
+                self._changed.array[lo:len(self)] = 1
         return slots
+
+    def remove_slots(self, slots) -> np.ndarray:
+        """Remove the rows at ``slots`` (unique, in use: else ValueError/IndexError and nothing changes); returns
+        their ids. The last rows move into the freed slots (see the module docstring), so slots of other rows change:
+        look them up again."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        if len(slots) == 0:
+            return np.zeros(0, np.uint64)
+        n = len(self)
+        ids = self._index.ids_at(self._slots(slots)).copy()
+        holes, movers = self._index.remove(slots)
+        for arena in self._all_arenas():
+            for lo in range(0, len(holes), _MOVE_CHUNK):    # in chunks: the temporary copy stays small
+                arena.put(holes[lo:lo + _MOVE_CHUNK], arena.take(movers[lo:lo + _MOVE_CHUNK]))
+            arena.clear(len(self), n)
+        if self._changed is not None:
+            self._removed.append(ids)
+        return ids
 
     def weights(self, slots) -> np.ndarray:
         """Copy of the weight rows at ``slots``, shape ``(k, row_size)``."""
         return self._arenas[0].take(self._slots(slots))
 
     def set_weights(self, slots, values) -> None:
-        self._arenas[0].put(self._slots(slots), values)
+        slots = self._slots(slots)
+        self._arenas[0].put(slots, values)
+        self.mark_changed(slots)
 
     def arrays(self) -> list[np.ndarray]:
         """The whole weight and state tables (``capacity`` rows each), to update rows in place by slot. Use them at
         once and drop them: a view still held when the table grows makes it copy instead of growing in place."""
         return [arena.array for arena in self._arenas]
+
+    def column(self, name: str) -> np.ndarray:
+        """Column ``name`` of every slot (``capacity`` values; those of slots in use are ``[:len(self)]``), to read
+        and write in place; the same caveat as :meth:`arrays`."""
+        return self._columns[name].array
+
+    def mark_changed(self, slots) -> None:
+        """Note rows written in place (through :meth:`arrays` or :meth:`column`) for :meth:`changes`."""
+        if self._changed is not None:
+            self._changed.array[slots] = 1
 
     def states(self, slots) -> list[np.ndarray]:
         """Copies of each state's rows at ``slots``."""
@@ -257,16 +369,23 @@ class RowTable:
         slots = self._slots(slots)
         for states, value in zip(self._arenas[1:], values):
             states.put(slots, value)
+        self.mark_changed(slots)
 
     def set_num_states(self, n: int) -> None:
         """Drop all states and start ``n`` fresh zero states for every row (a new optimizer)."""
         capacity = len(self._arenas[0])
         del self._arenas[1:]  # free the old states before allocating the new ones
         self._arenas += [self._arena(capacity) for _ in range(int(n))]
+        if self._changed is not None:
+            self._changed.array[:len(self)] = 1
 
     def row_ids(self) -> np.ndarray:
         """Ids by slot (a copy)."""
         return self._index.row_ids()
+
+    def ids_at(self, slots) -> np.ndarray:
+        """Ids of the rows at `slots` (in use: else IndexError)."""
+        return self._index.ids_at(self._slots(slots))
 
     def items(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """``(ids ascending, their weights, [their states]...)``, all copies: for snapshots and checkpoints."""
@@ -274,20 +393,82 @@ class RowTable:
         order = np.argsort(ids, kind="stable")
         return ids[order], self._arenas[0].take(order), [states.take(order) for states in self._arenas[1:]]
 
+    def export(self, slots: np.ndarray | None = None) -> dict:
+        """Rows (all, or those at ``slots``) sorted by id, copies: ``{"row_ids", "weights", "states": [...],
+        "columns": {name: values}}``; :meth:`load` builds the same table from it."""
+        ids = self._index.row_ids() if slots is None else self._index.ids_at(slots)
+        order = np.argsort(ids, kind="stable")
+        if slots is not None:
+            ids, order = ids[order], np.asarray(slots, np.int64)[order]
+        else:
+            ids = ids[order]
+        return {"row_ids": ids, "weights": self._arenas[0].take(order),
+                "states": [states.take(order) for states in self._arenas[1:]],
+                "columns": {name: arena.take(order) for name, arena in self._columns.items()}}
+
+    @classmethod
+    def load(cls, rows: dict, dtype=None, columns: dict | None = None, track_changes: bool = False,
+             buckets: int | None = None) -> "RowTable":
+        """A table holding exactly ``rows`` (as :meth:`export` gives them; columns not given start zero) with
+        ``columns`` (``{name: dtype}``, default those of ``rows``), ``buckets`` buckets if given."""
+        weights = np.asarray(rows["weights"])
+        dtype = weights.dtype if dtype is None else np.dtype(dtype)
+        given = rows.get("columns", {})
+        columns = {name: values.dtype for name, values in given.items()} if columns is None else columns
+        ids = as_row_ids(rows["row_ids"])
+        n = len(ids)
+        if n > 1 and not (ids[1:] > ids[:-1]).all():
+            raise ValueError("row ids to load are not sorted and unique")
+        table = cls(weights.shape[1], dtype, num_states=len(rows["states"]), columns=columns,
+                    initial_capacity=max(n, 1) if buckets is None else max(n, buckets // 2),
+                    track_changes=track_changes, buckets=buckets)
+        slots = table.ensure(ids, lambda new: weights.astype(dtype, copy=False))
+        if rows["states"]:
+            table.set_states(slots, rows["states"])
+        for name, values in given.items():
+            if name in table._columns:
+                table._columns[name].array[:n] = values
+        return table
+
+    def changes(self) -> dict:
+        """What changed since :meth:`clear_changes`: :meth:`export` of the rows created or written, plus
+        ``"removed"``: ids removed since then and not present now (sorted)."""
+        if self._changed is None:
+            raise ValueError("this table does not track changes")
+        out = self.export(np.flatnonzero(self._changed.array[:len(self)]))
+        removed = np.unique(np.concatenate(self._removed)) if self._removed else np.zeros(0, np.uint64)
+        out["removed"] = removed[self.lookup(removed) < 0] if len(removed) else removed
+        return out
+
+    def clear_changes(self) -> None:
+        if self._changed is not None:
+            self._changed.array[:len(self)] = 0
+            self._removed = []
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes one row costs in :meth:`nbytes`: its row in every arena plus its id (the buckets aside)."""
+        return sum(a.row_bytes for a in self._all_arenas()) + 8
+
     def nbytes(self) -> int:
-        """Bytes in use: the stored rows of weights and states plus the index."""
-        return sum(a.nbytes(len(self)) for a in self._arenas) + self._index.nbytes()
+        """Bytes in use, exact: ``len`` times the bytes of a row in every arena (weights, states, columns, change
+        flags) and its id, plus the hash table."""
+        return len(self) * self.row_nbytes + self._index.buckets * self._index._table.itemsize
 
     # -- internals
 
     def _arena(self, capacity: int) -> Arena:
         return Arena((self.row_size,), self.dtype, capacity)
 
+    def _all_arenas(self) -> list[Arena]:
+        extra = [self._changed] if self._changed is not None else []
+        return self._arenas + list(self._columns.values()) + extra
+
     def _reserve(self, n: int) -> None:
         capacity = len(self._arenas[0])
         if n > capacity:
             capacity = _grown_capacity(capacity, n)
-            for arena in self._arenas:
+            for arena in self._all_arenas():
                 arena.grow(capacity, len(self))
 
     def _slots(self, slots) -> np.ndarray:

@@ -204,6 +204,40 @@ class FreshRows:
         return np.sort(counters * self.factor % self.input_dim)
 
 
+class DriftingCTR:
+    """The lifecycle scenario's streaming click data: each example has `fields` ids; an id is the item of rank
+    k ~ Zipf(a) among the items born so far, newest first (rank 0 is the item born last), and `drift` items are born
+    per step, so the popular set drifts: new items appear at the top and old ones fade down the ranks. Items map to
+    row ids by the bijection item -> item * P mod input_dim (field f's items start at f * input_dim // fields).
+    A click is Bernoulli(sigmoid(sum over the fields of truth(id))), truth(id) in [-1.5, 1.5] a fixed hash of the
+    id: a signal the per-id weights can learn. Deterministic in (seed, rank, step)."""
+
+    def __init__(self, input_dim: int, batch: int, fields: int, seed: int, rank: int, a: float = 1.1,
+                 drift: float = 2.0) -> None:
+        self.input_dim, self.batch, self.fields = int(input_dim), int(batch), int(fields)
+        self.seed, self.rank, self.a, self.drift = seed, rank, a, drift
+        self.factor = np.int64(scramble_factor(self.input_dim))
+        assert self.input_dim * int(self.factor) < 2**63
+
+    def examples(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (batch, fields) int64, clicks (batch,) float32) of `step`."""
+        rng = np.random.default_rng([self.seed, self.rank, step])
+        ranks = np.minimum(rng.zipf(self.a, (self.batch, self.fields)) - 1, self.input_dim - 1).astype(np.int64)
+        newest = np.int64(int(step * self.drift))
+        starts = (np.arange(self.fields, dtype=np.int64) * (self.input_dim // self.fields))[None, :]
+        items = (newest - ranks + starts) % self.input_dim
+        ids = items * self.factor % self.input_dim
+        score = truth(ids).sum(axis=1)
+        clicks = (rng.random(self.batch) < 1 / (1 + np.exp(-score))).astype(np.float32)
+        return ids, clicks
+
+
+def truth(ids: np.ndarray) -> np.ndarray:
+    """The per-id signal of DriftingCTR: a fixed hash of the id, uniform in [-1.5, 1.5]."""
+    h = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return (h.astype(np.float64) / 2**24 - 0.5) * 3.0
+
+
 def row_stream(kind: str, input_dim: int, batch: int, seed: int, rank: int, workers: int = 2):
     if kind == "fresh":
         return FreshRows(input_dim, batch, seed, rank, workers)

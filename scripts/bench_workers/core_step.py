@@ -26,6 +26,7 @@ from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of  # noqa: E402
 from kvstore_lazy.protocol.pbmeta import Meta  # noqa: E402
 from kvstore_lazy.server.core import KVServer  # noqa: E402
+from kvstore_lazy.server.lifecycle import Settings, parse_bytes  # noqa: E402
 from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
 
 KEY = 3
@@ -75,9 +76,9 @@ def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
-def start(optimizer: str, materialize: str = "push"):
+def start(optimizer: str, materialize: str = "push", lifecycle: Settings | None = None):
     import mxnet  # only for the optimizer pickle a stock worker sends
-    server = KVServer(0, 1, len(WORKERS), materialize=materialize)
+    server = KVServer(0, 1, len(WORKERS), materialize=materialize, lifecycle=lifecycle)
     workers = [Worker(n) for n in WORKERS]
 
     def handle(msg: Message) -> None:
@@ -108,11 +109,23 @@ def run_dense(optimizer: str, shape: tuple[int, ...], steps: int, warmup: int) -
     return {"cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
 
 
+def lifecycle_of(text: str) -> tuple[Settings | None, dict]:
+    """--lifecycle NAME[=VALUE]: none, budget=8MiB (the server's memory budget), or an init_lazy policy argument
+    (admit_min_count=2, admit_prob=0.5, ttl_rounds=20)."""
+    name, _, value = text.partition("=")
+    if name == "none":
+        return None, {}
+    if name == "budget":
+        return Settings(memory_budget=parse_bytes(value)), {}
+    return None, {name: float(value) if name in ("admit_prob", "ttl_seconds") else int(value)}
+
+
 def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int,
-        materialize: str = "push") -> dict:
-    server, workers, handle = start(optimizer, materialize)
+        materialize: str = "push", lifecycle: str = "none") -> dict:
+    settings, policy = lifecycle_of(lifecycle)
+    server, workers, handle = start(optimizer, materialize, settings)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
-                                                               '["uniform", {"scale": 0.07}]', 1)))
+                                                               '["uniform", {"scale": 0.07}]', 1, **policy)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
     rng = np.random.default_rng(0)
     batches = [[zipf_rows(rng, input_dim, batch) for _ in workers] for _ in range(warmup + steps)]
@@ -175,6 +188,9 @@ def main() -> None:
     parser.add_argument("--only-small", action="store_true")
     parser.add_argument("--materialize", nargs="+", default=["push"], choices=["push", "touch"],
                         help="row policies to run the row_sparse steps with (push: the server's default)")
+    parser.add_argument("--lifecycle", nargs="+", default=["none"],
+                        help="row lifecycle policies to run the row_sparse steps with: none, budget=8MiB, "
+                             "admit_min_count=2, admit_prob=0.5, ttl_rounds=20")
     args = parser.parse_args()
     print(f"kvstore_lazy from {Path(kvstore_lazy.__file__).resolve().parent}")
     if args.small:
@@ -185,13 +201,15 @@ def main() -> None:
         print()
     if args.only_small:
         return
-    print(f"{'optimizer':<10} {'policy':>7} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} {'p50':>8}")
+    print(f"{'optimizer':<10} {'policy':>7} {'lifecycle':>18} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} "
+          f"{'p50':>8}")
     for optimizer in args.optimizer:
         for batch in args.batch:
             for policy in args.materialize:
-                r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy)
-                print(f"{optimizer:<10} {policy:>7} {batch:>6} {r['rows']:>12,} {r['cpu_ms_per_step']:>12.2f} "
-                      f"{r['cpu_ms_p50']:>8.2f}")
+                for lifecycle in args.lifecycle:
+                    r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy, lifecycle)
+                    print(f"{optimizer:<10} {policy:>7} {lifecycle:>18} {batch:>6} {r['rows']:>12,} "
+                          f"{r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
     print(f"\n{'optimizer':<10} {'dense':>10} {'CPU ms/round':>13} {'p50':>8}   (2 pushes + 2 pulls)")
     for optimizer in args.optimizer:
         for text in args.dense:

@@ -1,0 +1,518 @@
+"""Row lifecycle: which ids get a row (admission), which rows leave (age, a memory budget). Reproducibly.
+
+Owns: the policy of one lazy key (:class:`Policy`: from its declaration, ``init_lazy(..., admit_min_count=...)``,
+else the server-wide defaults), the server-wide settings read from the environment (:class:`Settings`), each key's
+policy state (:class:`RowPolicy`: its round clock, the counts of ids waiting for admission, its stats counters) and
+the server's memory budget (:class:`Lifecycle`: the accounting and the choice of rows to evict across keys).
+Does not own rows: :class:`~kvstore_lazy.server.keys.RowSparseKey` keeps its table and consults its RowPolicy
+where a row enters (a push merged into a round, a pull) and where rows leave (``expire``, ``evict``).
+
+Policies (per key, all off by default: a key without one behaves exactly as before):
+
+- ``admit_min_count`` N: an id gets a row once it was pushed in N rounds (dist_sync) or N pushes (dist_async);
+- ``admit_prob`` p: at each such round an id without a row is admitted if ``coin(seed, key, row id, count) < p``;
+- ``ttl_rounds`` T: a row not pushed in the last T rounds of its key is removed; ``ttl_seconds`` S: not pushed for
+  S seconds of the server clock;
+- a server-wide ``memory_budget`` (bytes) with ``evict`` lru|lfu: when the accounted bytes of all row tables pass
+  it, the lowest-scoring rows of every lazy key go until ``low_watermark`` x budget is left.
+
+Until an id is admitted a pull answers its deterministic initial value without storing it (as
+``KVSTORE_LAZY_MATERIALIZE=push``) and a push is counted and its gradient rows dropped (``dropped`` in the stats). In
+dist_sync admission is decided on the round's merged gradient, so every worker's rows of a round are applied or
+dropped together and an id counts once per round however many workers pushed it. The push that admits a row is
+applied to it. An evicted row that comes back is a new row: initial value, fresh optimizer state, counts from zero.
+
+Determinism. Every decision is a pure function of the requests in the order the server handled them plus the
+snapshot it started from, so journal replay after a crash repeats it exactly:
+
+- a key's clock is its *round*: dist_sync, the rounds completed for the key; dist_async, one round per NUM_WORKER
+  pushes of the key (pushes 1..W are round 1, ...). Rows are stamped with the round of their last push (a row a
+  pull created, with the rounds completed then);
+- removals happen only at *eviction points*: the end of a key's round (dist_sync: its merged update; dist_async:
+  every NUM_WORKER-th push), never in the middle of one. A TTL sweep of a key runs at the rounds that are multiples
+  of ``max(1, ttl_rounds // 8)`` (so a row lives between T and T + T//8 rounds unpushed) and removes the rows whose
+  last push round is ``<= round - ttl_rounds``; with ``ttl_seconds`` at the first point after the clock moved by S/8
+  since the last sweep, removing rows whose last push time is ``<= clock - S``. Then the budget is checked;
+- ``clock`` (seconds, for ``ttl_seconds``) changes only through :meth:`Lifecycle.set_clock`, which the runtime calls
+  once a second and writes to the journal like a request, so a replay sees the same times at the same places;
+- the budget's accounting is :meth:`RowTable.nbytes` (rows x bytes of a row in every arena, plus the index: exact, a
+  function of the history, the same after a snapshot reload) plus the pending-admission tables, never RSS;
+- eviction order is by score, then key, then row id: never by slot (slots depend on history and on reloads). LRU
+  score: the row's last push round minus its key's round (older first). LFU: rounds with a push (fewer first), then
+  LRU among equals;
+- the admission coin is ``u < p`` with ``u = (mix64(state(seed ^ ADMIT_SALT, key, row) + count * GAMMA) >> 11) / 2**53``
+  (``state``, ``mix64``, ``GAMMA`` as in :mod:`kvstore_lazy.initializers`; ``count`` = 1 at the first pushed round):
+  a function of the row, not of the server count or the order of workers.
+
+So count, probability and TTL in rounds give the same rows on any number of servers (a partitioned key's rounds are
+the same on every server: every worker pushes every server each step). The budget is per server.
+
+Bounded memory for unbounded id streams: the ids waiting for admission of a key are counted exactly in a row table
+of their own (id, count, last round counted: 8 + 4 + 4 bytes, a change flag with snapshots, plus 4 to 8 of index;
+30 bytes an id measured), capped at ``admit_cap`` ids (``KVSTORE_LAZY_ADMIT_CAP``, default 2**20 per key: about
+32 MiB at most). Over the cap, at the end of a round, the ids
+counted longest ago (then the smallest ids) are forgotten until 90% of the cap is left (``forgotten`` in the stats):
+counting is exact within that window, no id is ever admitted by mistake (unlike a sketch, no false admissions), and
+an id seen again after it was forgotten starts over.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..initializers import GAMMA, row_states
+from ..store.rows import RowTable
+
+log = logging.getLogger("kvstore_lazy.server")
+
+ADMIT_SALT = 0x61646D6974       # "admit": the admission coin's stream is not the initializer's
+EVICT_KINDS = ("lru", "lfu")
+DEFAULT_ADMIT_CAP = 1 << 20
+DEFAULT_LOW_WATERMARK = 0.9
+CAP_LOW = 0.9                   # pending ids over the cap are forgotten down to this share of it
+TTL_SWEEPS = 8                  # sweeps per TTL: a row lives at most ttl + ttl / TTL_SWEEPS unpushed
+MAX_ROUNDS = (1 << 31) - 1
+ENV = {"admit_min_count": "KVSTORE_LAZY_ADMIT_MIN_COUNT", "admit_prob": "KVSTORE_LAZY_ADMIT_PROB",
+       "ttl_rounds": "KVSTORE_LAZY_TTL_ROUNDS", "ttl_seconds": "KVSTORE_LAZY_TTL_SECONDS"}
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def admission_coin(seed: int, key: int, row_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``u`` in [0, 1) for each (row id, count): see the module docstring."""
+    z = row_states((int(seed) ^ ADMIT_SALT) & ((1 << 64) - 1), key, row_ids)
+    z += np.asarray(counts, np.uint64) * np.uint64(GAMMA)
+    for shift, mult in ((np.uint64(30), _M1), (np.uint64(27), _M2)):
+        z ^= z >> shift
+        z *= mult
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)) * 2.0 ** -53
+
+
+def parse_bytes(text: str) -> int:
+    """``"512MiB"``, ``"8GiB"``, ``"1.5GB"``, ``"1000000"`` -> bytes (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB
+    of 1000); ValueError for anything else."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _BYTE_UNITS:
+        raise ValueError(f"{text!r} is not a size (use bytes, or a number with KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit]) if "." in m.group(1) else int(m.group(1)) * _BYTE_UNITS[unit]
+
+
+def _whole(name: str, value, lo: int, hi: int) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _real(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value > hi or value < lo \
+            or (lo_open and value == lo):
+        raise ValueError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one lazy key asks of its rows; the defaults change nothing."""
+
+    admit_min_count: int = 1
+    admit_prob: float = 1.0
+    ttl_rounds: int = 0
+    ttl_seconds: float = 0.0
+
+    CHECKS = {"admit_min_count": lambda v: _whole("admit_min_count", v, 1, MAX_ROUNDS),
+              "admit_prob": lambda v: _real("admit_prob", v, 0.0, 1.0, lo_open=True),
+              "ttl_rounds": lambda v: _whole("ttl_rounds", v, 0, MAX_ROUNDS),
+              "ttl_seconds": lambda v: _real("ttl_seconds", v, 0.0, 1e12)}
+
+    @property
+    def admits_at_once(self) -> bool:
+        return self.admit_min_count == 1 and self.admit_prob >= 1.0
+
+    @property
+    def expires(self) -> bool:
+        return bool(self.ttl_rounds or self.ttl_seconds)
+
+    @classmethod
+    def check(cls, body) -> dict:
+        """A declaration's ``"policy"`` object, checked strictly: known names with values in range, else ValueError
+        naming the field. Returns the fields it sets."""
+        if not isinstance(body, dict):
+            raise ValueError(f"policy must be a JSON object, got {type(body).__name__}")
+        unknown = sorted(set(body) - set(cls.CHECKS))
+        if unknown:
+            raise ValueError(f"unknown policy field(s) {', '.join(map(repr, unknown))}; known: "
+                             f"{', '.join(cls.CHECKS)}")
+        return {name: cls.CHECKS[name](value) for name, value in body.items()}
+
+    def updated(self, fields: dict) -> "Policy":
+        return dataclasses.replace(self, **fields)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Server-wide: the default policy of keys whose declaration does not set one, the memory budget, the pending
+    cap, and whether tables track changes (for incremental snapshots)."""
+
+    defaults: Policy = Policy()
+    memory_budget: int = 0              # bytes; 0: none
+    evict: str = "lru"
+    low_watermark: float = DEFAULT_LOW_WATERMARK
+    admit_cap: int = DEFAULT_ADMIT_CAP
+    track_changes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.evict not in EVICT_KINDS:
+            raise ValueError(f"evict must be one of {', '.join(EVICT_KINDS)}, got {self.evict!r}")
+        _real("low_watermark", self.low_watermark, 0.0, 1.0, lo_open=True)
+        _whole("admit_cap", self.admit_cap, 1, 1 << 40)
+        _whole("memory_budget", self.memory_budget, 0, 1 << 62)
+
+    @classmethod
+    def from_env(cls, env, track_changes: bool = False) -> "Settings":
+        """KVSTORE_LAZY_ADMIT_MIN_COUNT, _ADMIT_PROB, _TTL_ROUNDS, _TTL_SECONDS (the default policy), _MEMORY_BUDGET,
+        _EVICT, _LOW_WATERMARK, _ADMIT_CAP; ValueError naming the variable for a bad value."""
+        def number(name: str, text: str, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+        fields = {}
+        for field, name in ENV.items():
+            text = env.get(name, "").strip()
+            if text:
+                kind = int if field in ("admit_min_count", "ttl_rounds") else float
+                try:
+                    fields[field] = Policy.CHECKS[field](number(name, text, kind))
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+        options = {}
+        budget = env.get("KVSTORE_LAZY_MEMORY_BUDGET", "").strip()
+        if budget:
+            try:
+                options["memory_budget"] = parse_bytes(budget)
+            except ValueError as exc:
+                raise ValueError(f"KVSTORE_LAZY_MEMORY_BUDGET: {exc}") from None
+        for option, name, kind in (("evict", "KVSTORE_LAZY_EVICT", str),
+                                   ("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
+                                   ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int)):
+            text = env.get(name, "").strip()
+            if text:
+                options[option] = text.lower() if kind is str else number(name, text, kind)
+        try:
+            return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
+        except ValueError as exc:
+            raise ValueError(f"KVSTORE_LAZY_{str(exc).split()[0].upper()}: {exc}") from None
+
+    def to_json(self) -> dict:
+        return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
+                "low_watermark": self.low_watermark, "admit_cap": self.admit_cap}
+
+
+COUNTERS = ("admitted", "dropped", "evicted_ttl", "evicted_budget", "forgotten")
+
+
+class RowPolicy:
+    """One lazy key's lifecycle state: its round clock, the ids waiting for admission, counters for the stats.
+
+    The key calls, in this order per update: :meth:`begin` (the clock moves), :meth:`admit` (which pushed rows may
+    have a row), then, once the rows exist and are updated, :meth:`pushed`; :meth:`created` for rows a pull or a
+    state transfer made. At an eviction point (:attr:`point`) the key asks :meth:`expired` and the server's
+    :class:`Lifecycle` asks :meth:`scores`.
+    """
+
+    def __init__(self, policy: Policy, lifecycle: "Lifecycle", key: int, seed: int) -> None:
+        self.policy, self.lifecycle, self.key, self.seed = policy, lifecycle, key, seed
+        self.round = 0               # rounds of this key so far (the clock rows are stamped with)
+        self.pushes = 0              # dist_async: pushes of this key so far
+        self.point = False           # the update now running ends a round: an eviction point
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.swept_round, self.swept_clock = 0, 0.0
+        self.pending = None if policy.admits_at_once else self._pending_table()
+        self._admitted: tuple[np.ndarray, np.ndarray] | None = None   # (ids, counts) admitted by this update
+
+    def _pending_table(self, rows: dict | None = None, buckets: int | None = None) -> RowTable:
+        columns = {"last": np.int32}
+        track = self.lifecycle.settings.track_changes
+        if rows is None:
+            return RowTable(1, np.uint32, columns=columns, track_changes=track)
+        return RowTable.load(rows, columns=columns, track_changes=track, buckets=buckets)
+
+    # -- what the key's table carries
+
+    @property
+    def columns(self) -> dict:
+        """Per-row columns of the key's table: last push round, rounds pushed, and (ttl_seconds) last push time."""
+        columns = {"last": np.int32, "count": np.uint32}
+        if self.policy.ttl_seconds:
+            columns["stamp"] = np.float64
+        return columns
+
+    @property
+    def stores_on_pull(self) -> bool:
+        """Whether a pull may create a row (not while rows wait for admission)."""
+        return self.policy.admits_at_once
+
+    # -- an update
+
+    def begin(self, sync: bool) -> None:
+        """A merged round (dist_sync) or one push (dist_async) is about to be applied: advance the clock."""
+        if sync:
+            self.round += 1
+            self.point = True
+        else:
+            self.pushes += 1
+            workers = self.lifecycle.num_workers
+            self.round = (self.pushes - 1) // workers + 1
+            self.point = self.pushes % workers == 0
+
+    def admit(self, table: RowTable, row_ids: np.ndarray) -> np.ndarray | None:
+        """Which of the pushed ``row_ids`` (unique) have or now get a row (a bool mask), counting the others; None
+        when every id does."""
+        self._admitted = None
+        if self.pending is None:
+            return None
+        has_row = table.lookup(row_ids) >= 0
+        if has_row.all():
+            return None
+        new_ids = row_ids[~has_row]
+        slots = self.pending.ensure(new_ids, lambda ids: np.zeros((len(ids), 1), np.uint32))
+        counts = self.pending.arrays()[0][slots, 0]
+        counts += 1
+        self.pending.arrays()[0][slots, 0] = counts
+        self.pending.column("last")[slots] = self.round
+        self.pending.mark_changed(slots)
+        ok = counts >= self.policy.admit_min_count
+        if self.policy.admit_prob < 1.0 and ok.any():
+            ok[ok] = admission_coin(self.seed, self.key, new_ids[ok], counts[ok]) < self.policy.admit_prob
+        if ok.any():
+            self.pending.remove_slots(slots[ok])
+            self._admitted = new_ids[ok], counts[ok]
+            self.counters["admitted"] += int(ok.sum())
+        self.counters["dropped"] += int((~ok).sum())
+        self._trim_pending()
+        has_row[~has_row] = ok
+        return has_row
+
+    def created(self, table: RowTable, lo: int, hi: int) -> None:
+        """Rows ``lo .. hi - 1`` were just created (by a pull, a state transfer or an admitted push)."""
+        table.column("last")[lo:hi] = self.round
+        if self.policy.ttl_seconds:
+            table.column("stamp")[lo:hi] = self.lifecycle.clock
+
+    def pushed(self, table: RowTable, slots: np.ndarray) -> None:
+        """The rows at ``slots`` were updated by this round's push."""
+        table.column("last")[slots] = self.round
+        count = table.column("count")
+        count[slots] += np.uint32(1)
+        if self._admitted is not None:      # an admitted row has been pushed in `count` rounds, this one included
+            ids, counts = self._admitted
+            count[table.lookup(ids)] = counts
+            self._admitted = None
+        if self.policy.ttl_seconds:
+            table.column("stamp")[slots] = self.lifecycle.clock
+
+    # -- eviction points
+
+    def expired(self, table: RowTable) -> np.ndarray:
+        """Slots whose TTL ran out, at a sweep (see the module docstring); empty otherwise."""
+        out = []
+        ttl, n = self.policy.ttl_rounds, len(table)
+        if ttl and self.round % max(1, ttl // TTL_SWEEPS) == 0 and self.round != self.swept_round:
+            self.swept_round = self.round
+            out.append(np.flatnonzero(table.column("last")[:n] <= self.round - ttl))
+        seconds, clock = self.policy.ttl_seconds, self.lifecycle.clock
+        if seconds and clock - self.swept_clock >= seconds / TTL_SWEEPS:
+            self.swept_clock = clock
+            out.append(np.flatnonzero(table.column("stamp")[:n] <= clock - seconds))
+        if not out:
+            return np.zeros(0, np.int64)
+        return np.unique(np.concatenate(out)) if len(out) > 1 else out[0]
+
+    def scores(self, table: RowTable) -> np.ndarray:
+        """Eviction scores of every slot (lower goes first): LRU int32 (the last push round minus the key's round,
+        <= 0), LFU int64 (rounds pushed, then that)."""
+        n = len(table)
+        age = table.column("last")[:n] - np.int32(self.round)
+        if self.lifecycle.settings.evict == "lru":
+            return age
+        return (table.column("count")[:n].astype(np.int64) << 32) + (age.astype(np.int64) + (1 << 31))
+
+    def _trim_pending(self) -> None:
+        cap = self.lifecycle.settings.admit_cap
+        if len(self.pending) <= cap:
+            return
+        rows = self.pending.export()
+        drop = len(rows["row_ids"]) - int(cap * CAP_LOW)
+        order = np.lexsort((rows["row_ids"], rows["columns"]["last"]))[:drop]   # counted longest ago, then id
+        self.pending.remove_slots(self.pending.lookup(rows["row_ids"][order]))
+        self.counters["forgotten"] += drop
+
+    # -- stats and snapshots
+
+    def pending_bytes(self) -> int:
+        return self.pending.nbytes() if self.pending is not None else 0
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {"pending": len(self.pending) if self.pending is not None else 0,
+                "pending_bytes": self.pending_bytes(), "admitted": c["admitted"], "dropped": c["dropped"],
+                "evicted": c["evicted_ttl"] + c["evicted_budget"], "evicted_ttl": c["evicted_ttl"],
+                "evicted_budget": c["evicted_budget"], "forgotten": c["forgotten"], "round": self.round}
+
+    def state(self) -> dict:
+        """JSON-able state (the pending table's rows go separately: :meth:`pending_rows`)."""
+        return {"policy": self.policy.to_json(), "round": self.round, "pushes": self.pushes,
+                "counters": dict(self.counters), "swept_round": self.swept_round, "swept_clock": self.swept_clock,
+                "pending_buckets": self.pending.buckets if self.pending is not None else None}
+
+    def pending_rows(self, changes: bool = False) -> dict | None:
+        if self.pending is None:
+            return None
+        return self.pending.changes() if changes else self.pending.export()
+
+    def clear_changes(self) -> None:
+        if self.pending is not None:
+            self.pending.clear_changes()
+
+    @classmethod
+    def restore(cls, state: dict, lifecycle: "Lifecycle", key: int, seed: int,
+                pending: dict | None) -> "RowPolicy":
+        """Inverse of :meth:`state` + :meth:`pending_rows` (a snapshot's policy, not today's settings, rules)."""
+        policy = cls(Policy().updated(Policy.check(state["policy"])), lifecycle, key, seed)
+        policy.round, policy.pushes = int(state["round"]), int(state["pushes"])
+        policy.counters.update({k: int(v) for k, v in state["counters"].items() if k in COUNTERS})
+        policy.swept_round, policy.swept_clock = int(state["swept_round"]), float(state["swept_clock"])
+        if policy.pending is not None and pending is not None:
+            policy.pending = policy._pending_table(pending, state.get("pending_buckets"))
+        return policy
+
+
+class Lifecycle:
+    """The server-wide part: settings, the clock for ``ttl_seconds``, and the memory budget across keys."""
+
+    def __init__(self, settings: Settings | None = None, num_workers: int = 1) -> None:
+        self.settings = settings or Settings()
+        self.num_workers = max(int(num_workers), 1)
+        self.clock = 0.0
+        self.wants_clock = bool(self.settings.defaults.ttl_seconds)   # a key with ttl_seconds exists
+        self.budget_passes = 0
+        self._warned = False
+
+    def policy_for(self, policy: Policy, key: int, seed: int) -> RowPolicy | None:
+        """The state a lazy key with ``policy`` keeps, or None when nothing would ever act on its rows."""
+        if policy.admits_at_once and not policy.expires and not self.settings.memory_budget:
+            return None
+        self.wants_clock |= bool(policy.ttl_seconds)
+        return RowPolicy(policy, self, key, seed)
+
+    def adopt(self, policy: RowPolicy | None) -> None:
+        """A restored key's policy."""
+        if policy is not None:
+            self.wants_clock |= bool(policy.policy.ttl_seconds)
+
+    def set_clock(self, seconds: float) -> None:
+        """The runtime's clock tick (journaled; see the module docstring). The clock never goes back."""
+        self.clock = max(self.clock, float(seconds))
+
+    def apply(self, entry, grad, optimizer, sync: bool, keys: dict) -> None:
+        """Apply one update to ``entry`` (a merged round or an async push) and, at an eviction point, run the key's
+        TTL sweep and the budget."""
+        policy = getattr(entry, "policy", None)
+        if policy is None:
+            entry.apply(grad, optimizer)
+            return
+        policy.begin(sync)
+        entry.apply(grad, optimizer)
+        if policy.point:
+            entry.expire()
+            if self.settings.memory_budget:
+                self.enforce_budget(keys)
+
+    # -- the budget
+
+    @staticmethod
+    def _tables(keys: dict) -> list:
+        return [e for e in keys.values() if e.kind == "row_sparse"]
+
+    def accounted(self, keys: dict) -> int:
+        """Bytes of every row table and pending table on this server (exact, deterministic; not RSS)."""
+        return sum(e.accounted_bytes() for e in self._tables(keys))
+
+    def enforce_budget(self, keys: dict) -> int:
+        """Over the budget: evict the lowest-scoring rows of lazy keys (score, then key, then row id) until the
+        accounted bytes are at the low watermark. Returns the rows evicted. Its temporaries are a few bytes a row
+        (the scores and one copy of them), not copies of the rows or their ids."""
+        budget = self.settings.memory_budget
+        total = self.accounted(keys)
+        if total <= budget:
+            return 0
+        excess = total - int(budget * self.settings.low_watermark)
+        entries = [e for _, e in sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))]
+        if not entries:
+            return self._cannot(total)
+        sizes = np.array([entry.row_nbytes() for entry in entries], np.int64)
+        # at most this many rows are needed (all of the smallest size): the score of the want-th lowest row (found
+        # by partitioning fresh scores in place; they are computed again after, cheaper than holding a copy)
+        want = min(sum(len(e) for e in entries), -(-excess // int(sizes.min())))
+        every = np.concatenate([entry.scores() for entry in entries]) if len(entries) > 1 else entries[0].scores()
+        every.partition(want - 1)
+        threshold = every[want - 1]
+        del every
+        scores = [entry.scores() for entry in entries]
+        # the rows below it, then ties by (key, row id), then all of them in (score, key, row id) order
+        below = [np.flatnonzero(x < threshold) for x in scores]
+        tied = [np.flatnonzero(x == threshold) for x in scores]
+        need = want - sum(len(b) for b in below)
+        keep_ties = []
+        for entry, slots in zip(entries, tied):
+            order = np.argsort(entry.ids_at(slots), kind="stable")[:max(need, 0)]
+            keep_ties.append(slots[order])
+            need -= len(order)
+        parts = [np.concatenate([b, t]) for b, t in zip(below, keep_ties)]
+        owner = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(parts)])
+        slots = np.concatenate(parts)
+        score = np.concatenate([x[p].astype(np.int64) for x, p in zip(scores, parts)])
+        ids = np.concatenate([entry.ids_at(p) for entry, p in zip(entries, parts)])
+        order = np.lexsort((ids, owner, score))
+        cut = int(np.searchsorted(np.cumsum(sizes[owner[order]]), excess)) + 1
+        chosen = order[:cut]
+        evicted = 0
+        for index, entry in enumerate(entries):
+            mine = slots[chosen[owner[chosen] == index]]
+            if len(mine):
+                evicted += entry.evict(mine)
+        self.budget_passes += 1
+        if self.accounted(keys) > budget:
+            self._cannot(self.accounted(keys))
+        return evicted
+
+    def _cannot(self, total: int) -> int:
+        if not self._warned:
+            self._warned = True
+            log.warning("memory budget %d bytes exceeded (%d accounted) by rows no policy may evict (keys not "
+                        "declared lazy, pending tables)", self.settings.memory_budget, total)
+        return 0
+
+    def stats(self, keys: dict) -> dict:
+        return {"memory_budget": self.settings.memory_budget, "accounted_bytes": self.accounted(keys),
+                "evict": self.settings.evict, "budget_passes": self.budget_passes, "clock": self.clock}
+
+    def state(self) -> dict:
+        return {"clock": self.clock, "budget_passes": self.budget_passes}
+
+    def restore(self, state: dict | None) -> None:
+        if state:
+            self.clock = float(state.get("clock", 0.0))
+            self.budget_passes = int(state.get("budget_passes", 0))
