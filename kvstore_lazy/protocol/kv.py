@@ -19,6 +19,7 @@ row). Row ids are checked against the whole 64-bit range: the stock server trunc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def parse(msg: Message, keys: KeyRange) -> DataRequest:
     return parse_as(msg, command, kv, keys)
 
 
-def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, **fields) -> DataRequest:
+def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, **fields: Any) -> DataRequest:
     fields.setdefault("local_ids", np.zeros(0, np.int64))
     return DataRequest(sender=msg.sender, meta=msg.meta, request_type=command.request_type, dtype=command.dtype,
                        key=key, keys=kv.keys, **fields)
