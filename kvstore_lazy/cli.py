@@ -17,10 +17,19 @@ def server_main(argv: list[str] | None = None) -> int:
                         help="when a lazy row is stored: only on its first push (push, the default: pulls of "
                              "absent rows get computed initial values) or on its first pull or push (touch). "
                              "Env: KVSTORE_LAZY_MATERIALIZE")
+    parser.add_argument("--metrics-port", metavar="PORT", default=None,
+                        help="serve Prometheus metrics on PORT (0: any free port, logged). "
+                             "Env: KVSTORE_LAZY_METRICS_PORT")
+    parser.add_argument("--metrics-bind", metavar="ADDRESS", default=None,
+                        help="address the metrics listen on (default 0.0.0.0; 127.0.0.1 under DMLC_LOCAL). "
+                             "Env: KVSTORE_LAZY_METRICS_BIND")
     parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
-    if args.materialize:
-        os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
+    for value, name in ((args.materialize, "KVSTORE_LAZY_MATERIALIZE"),
+                        (args.metrics_port, "KVSTORE_LAZY_METRICS_PORT"),
+                        (args.metrics_bind, "KVSTORE_LAZY_METRICS_BIND")):
+        if value is not None:
+            os.environ[name] = value   # options are the environment variables' spelling on the command line
     from . import runtime
     from .runtime import Config, StartupError
 

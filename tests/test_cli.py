@@ -12,11 +12,11 @@ BASE = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PO
         "DMLC_NUM_SERVER": "1"}
 
 
-def run_server(**env) -> subprocess.CompletedProcess:
+def run_server(*args: str, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "KVSTORE_LAZY_"))}
     full.update(BASE, **env)
-    return subprocess.run([sys.executable, "-m", "kvstore_lazy.server"], env=full, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "kvstore_lazy.server", *args], env=full, capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.mark.parametrize("env, says", [
@@ -36,12 +36,16 @@ def test_a_server_that_cannot_start_says_why_in_one_line(env, says):
     assert len(errors) == 1 and says in errors[0], done.stderr
 
 
-def test_a_busy_metrics_port_stops_the_server_before_it_registers():
+@pytest.mark.parametrize("how", ["env", "options"])
+def test_a_busy_metrics_port_stops_the_server_before_it_registers(how):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = run_server(KVSTORE_LAZY_METRICS_PORT=str(port), KVSTORE_LAZY_METRICS_BIND="127.0.0.1")
+        if how == "env":
+            done = run_server(KVSTORE_LAZY_METRICS_PORT=str(port), KVSTORE_LAZY_METRICS_BIND="127.0.0.1")
+        else:
+            done = run_server("--metrics-port", str(port), "--metrics-bind", "127.0.0.1")
     assert done.returncode == 2, (done.returncode, done.stderr)
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"cannot start: metrics: cannot listen on 127.0.0.1:{port}" in errors[0], done.stderr

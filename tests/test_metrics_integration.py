@@ -12,28 +12,20 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import JobHung
 from common import load
+from test_promexport import scrape
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS = 6
 SPARSE, DENSE = "3", "5"
-
-
-def scrape(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def by_label(samples: dict, name: str, label: str) -> dict[str, float]:
