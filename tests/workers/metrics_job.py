@@ -40,10 +40,16 @@ for step in range(args.steps):
     trained.update(ids.tolist())
     out = mx.nd.sparse.zeros("row_sparse", shape)
     kv.row_sparse_pull(SPARSE, out=out, row_ids=mx.nd.array(ids, dtype="int64"))
-    grad = mx.nd.sparse.row_sparse_array((np.full((len(ids), args.dim), 0.5 + rank, np.float32), ids), shape=shape)
+    # the gradient uses the pulled rows, as training does: each step waits for its pull (pushing a fresh array while
+    # the previous step's pull and push of the key are in flight made a stock worker send row lens that disagree
+    # with its values, once in 25 runs; the server refused the push)
+    weights = out.data.asnumpy()
+    grad = mx.nd.sparse.row_sparse_array(((0.5 + rank + 0.01 * weights).astype(np.float32), out.indices.asnumpy()),
+                                         shape=shape)
     kv.push(SPARSE, grad)
     kv.push(DENSE, mx.nd.ones((4, 4)) * (step + 1))
     kv.pull(DENSE, out=dense_out)
+    dense_out.wait_to_read()
 mx.nd.waitall()          # every push answered: the servers applied every round
 kv._barrier()
 if rank == 0:
