@@ -10,8 +10,8 @@ BENCH_STAMP := $(VENV)/.bench-installed
 # ruff and mypy for `make lint`, pinned
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: venv system-deps test-cluster test-docker test test-unit test-integration test-server-python demo bench \
-        bench-quick patch unpatch clean lint
+.PHONY: venv system-deps k8s-deps test-cluster test-docker test test-unit test-integration test-server-python demo \
+        bench bench-quick patch unpatch clean lint
 
 venv: $(STAMP) $(KERNELS)
 
@@ -33,7 +33,7 @@ $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
 	touch $(BENCH_STAMP)
 
-test: venv $(BENCH_STAMP) lint
+test: venv lint $(BENCH_STAMP) k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
 	$(MAKE) test-server-python
 
@@ -42,7 +42,7 @@ $(LINT_STAMP): requirements-lint.txt $(STAMP)
 	touch $(LINT_STAMP)
 
 # ruff over the whole tree and mypy over protocol, store, server and promexport, as configured in pyproject.toml
-# ([tool.ruff], [tool.mypy]); the first step of `make test`, and quick to re-run alone (a few seconds).
+# ([tool.ruff], [tool.mypy]); `make test` runs it before the tests; quick to re-run alone (a few seconds).
 lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
@@ -88,9 +88,25 @@ test-server-python: venv
 	@changed="$$(find $(SERVER_VENV)/lib -newer $(SERVER_VENV)/.installed | head -5)"; \
 	  test -z "$$changed" || { echo "the server wrote into its site-packages: $$changed"; exit 1; }
 
+# What tests/test_k8s_manifests.py renders and validates docker/k8s/ with: Debian's kubectl (kubernetes-client, for
+# `kubectl kustomize`), unpacked into .venv/k8s (not installed: it would clash with another kubectl package), and
+# kubernetes-validate (the Kubernetes OpenAPI schemas, offline) into the venv.
+K8S_DIR   := $(VENV)/k8s
+K8S_STAMP := $(K8S_DIR)/.installed
+k8s-deps: $(K8S_STAMP)
+
+$(K8S_STAMP): $(STAMP) docker/k8s/requirements-test.txt
+	$(PY) -m pip install --quiet -r docker/k8s/requirements-test.txt
+	@command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || { echo "k8s-deps: needs apt-get and dpkg-deb (Debian)"; exit 1; }
+	rm -rf $(K8S_DIR) && mkdir -p $(K8S_DIR)
+	cd $(K8S_DIR) && { apt-get download -qq kubernetes-client 2>/dev/null || { apt-get update -qq && apt-get download -qq kubernetes-client; }; }
+	dpkg-deb -x $(K8S_DIR)/kubernetes-client_*.deb $(K8S_DIR) && rm -f $(K8S_DIR)/*.deb
+	$(K8S_DIR)/usr/bin/kubectl version --client
+	touch $@
+
 # Jobs across network-namespace hosts (scripts/netns_cluster.sh) and the fault scenarios; needs root and iproute2.
 test-cluster: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/test_cluster.py
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/test_cluster.py tests/test_k8s_cluster.py
 
 # Docker: starts its own dockerd (in a network namespace), builds the image from an offline debootstrap base,
 # runs docker/docker-compose.yml (scheduler, 2 lazy servers, 2 workers) to completion and checks the checkpoint.
@@ -102,7 +118,7 @@ system-deps:
 	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null && command -v cc >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux gcc libc6-dev; }
 
-test-unit: venv
+test-unit: venv k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests
 
 test-integration: venv

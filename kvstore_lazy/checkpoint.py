@@ -9,7 +9,8 @@ NDArray files are read and written by ``ndfile``.
 
 Snapshot layout (one directory per server rank)::
 
-    <dir>/rank<r>/manifest.json   {"format": 1, "rank": r, "num_servers": S, "keys": {"<key>": {...}}}
+    <dir>/rank<r>/manifest.json   {"format": 1, "rank": r, "num_servers": S, "keys": {"<key>": {...}},
+                                   "writer": {"host": advertised host, "port": p}}
     <dir>/rank<r>/key<k>.npz      row_ids (uint64, global, sorted), weights (rows, row_size), state0, state1, ...
 
 Checkpoint sidecar. A checkpoint (``mx.nd.save`` format) holds a lazy parameter as a RowSparseNDArray of the rows
@@ -151,13 +152,16 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
 
 
 def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, tables: dict[int, dict],
-                   server: dict | None = None) -> Path:
+                   server: dict | None = None, writer: dict | None = None) -> Path:
     """Write one server's rows. `tables` maps key -> {"row_ids", "weights", "states", "meta"} (meta: JSON-able);
-    `server` is JSON-able server-wide state (mode, optimizer, declarations)."""
+    `server` is JSON-able server-wide state (mode, optimizer, declarations); `writer` the advertised host and port
+    of the server writing it (``node_lifecycle.check_snapshot_owner``)."""
     target = Path(directory) / f"rank{rank}"
 
     def fill(tmp: Path) -> None:
         manifest = {"format": FORMAT, "rank": rank, "num_servers": num_servers, "server": server or {}, "keys": {}}
+        if writer is not None:
+            manifest["writer"] = writer
         for key, table in tables.items():
             arrays = {"row_ids": np.asarray(table["row_ids"], np.uint64), "weights": np.asarray(table["weights"])}
             for i, state in enumerate(table.get("states", [])):

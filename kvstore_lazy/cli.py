@@ -24,7 +24,16 @@ def server_main(argv: list[str] | None = None) -> int:
                         help="address the metrics listen on (default 0.0.0.0; 127.0.0.1 under DMLC_LOCAL). "
                              "Env: KVSTORE_LAZY_METRICS_BIND")
     parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
+    parser.add_argument("--ready", nargs="?", const="", default=None, metavar="STATUS_FILE",
+                        help="do not run a server: exit 0 if the server writing STATUS_FILE (default: "
+                             "$KVSTORE_LAZY_STATUS_FILE) is alive and serving, else 1 (a Kubernetes readiness probe)")
     args = parser.parse_args(argv)
+    if args.ready is not None:
+        from .node_lifecycle import STATUS_ENV, check_ready
+
+        ready, why = check_ready(args.ready or os.environ.get(STATUS_ENV))
+        print(("ready: " if ready else "not ready: ") + why)
+        return 0 if ready else 1
     for value, name in ((args.materialize, "KVSTORE_LAZY_MATERIALIZE"),
                         (args.metrics_port, "KVSTORE_LAZY_METRICS_PORT"),
                         (args.metrics_bind, "KVSTORE_LAZY_METRICS_BIND")):

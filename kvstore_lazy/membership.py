@@ -71,6 +71,15 @@ def peers_update(reply: Meta, my_id: int) -> list[Peer]:
             if n.id != EMPTY and (n.role in (WORKER, SCHEDULER) or n.id == my_id)]
 
 
+def address_update(my_id: int, hostname: str, port: int, timestamp: int) -> Message:
+    """ADD_NODE listing only this (registered) server at `hostname:port`. A stock worker connects to every host:port
+    an ADD_NODE lists that it has not connected to, and ZMQVan::Connect first closes its socket to that node id
+    (ps-lite Van::ProcessAddNodeCommand, the path of a recovered node): so it drops a socket still trying the
+    server's old address and dials the new one."""
+    node = Node(role=SERVER, id=my_id, hostname=hostname, port=port, customer_id=0)
+    return Message(Meta(control=Control(cmd=ADD_NODE, nodes=[node]), timestamp=timestamp))
+
+
 def barrier_request(group: int, timestamp: int) -> Message:
     return Message(Meta(request=True, app_id=0, customer_id=0, timestamp=timestamp,
                         control=Control(cmd=BARRIER, barrier_group=group)))

@@ -48,12 +48,13 @@ from pathlib import Path
 
 from . import membership
 from . import checkpoint
+from . import node_lifecycle as lifecycle
 from . import journal as journal_mod
 from .envvars import atoi_flag, flag
 from .protocol import ProtocolError
 from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
-from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE
+from .protocol.pbmeta import ACK, ADD_NODE, HEARTBEAT, TERMINATE, WORKER
 from .promexport import Exporter, address_from_env
 from .server.core import KVServer, node_name
 from .server.resume import ResumeGate
@@ -66,6 +67,12 @@ SEEN_KEEP = 200_000             # signatures of received requests remembered for
 SEEN_IN_JOURNAL = 65_536        # ... of which the newest are carried over into a rotated journal
 RESEND_STARTUP_DELAY = 0.5      # s; under PS_RESEND, ask for the startup barrier this late (see start)
 FINAL_BARRIER_STAGGER = 0.3     # s; under PS_RESEND, server rank r asks for the final barrier (r+1) x this late
+# s a server waits for the final barrier's release (it comes within moments of the last node asking). The scheduler
+# can lose it: its socket to a server re-created at a new IP may still be trying the old one when it exits. The
+# server serves on meanwhile: the workers' sockets still trying the old IP deliver their last messages to it once
+# the kernel gives up that connect (tcp_syn_retries 6: 127 s), and their exit waits for that (ZeroMQ linger).
+FINAL_RELEASE_WAIT = 150.0
+DRAIN_MAX = 64                  # queued messages served per loop iteration before the timers run
 
 
 class StartupError(RuntimeError):
@@ -149,6 +156,9 @@ class Config:
     journal_fsync: bool = False
     journal_max_bytes: int = 256 << 20
     resume: str = "auto"            # what a fresh start loads from snapshot_dir: auto | tagged | latest | none
+    bind: str = ""                  # KVSTORE_LAZY_BIND: the address bound ("" = the advertised host, as ps-lite)
+    rejoin_window: float = 30.0     # recovery "auto": rejoin only a job its previous process left this recently
+    snapshot_scope: str = "job"     # KVSTORE_LAZY_SNAPSHOT_SCOPE: job (a directory all servers share) | server
     metrics: tuple[str, int] | None = None   # Prometheus exporter (host, port): KVSTORE_LAZY_METRICS_PORT/_BIND
 
     @classmethod
@@ -161,10 +171,11 @@ class Config:
         if not root_uri:
             raise StartupError("DMLC_PS_ROOT_URI is not set")
         recovery = env.get("KVSTORE_LAZY_RECOVERY", "0").strip().lower()
-        recovery = {"": "", "0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register"}.get(recovery)
+        recovery = {"": "", "0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register",
+                    "auto": "auto"}.get(recovery)
         if recovery is None:
             raise StartupError(f"KVSTORE_LAZY_RECOVERY={env.get('KVSTORE_LAZY_RECOVERY')!r}: use 1 (rejoin), "
-                               f"register or 0")
+                               f"auto, register or 0")
         resume = env.get("KVSTORE_LAZY_RESUME", "auto").strip().lower() or "auto"
         if resume not in ("auto", "tagged", "latest", "none"):
             raise StartupError(f"KVSTORE_LAZY_RESUME={resume!r}: use auto, tagged, latest or none")
@@ -198,6 +209,16 @@ class Config:
             resume=resume,
             metrics=metrics,
         )
+        try:   # kvstore_lazy.node_lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
+            bind = "" if config.local else lifecycle.bind_address(env, config.host)
+            config.bind = bind if lifecycle.BIND_ENV in env else ""
+            config.rejoin_window = lifecycle.rejoin_window(env, config.resend_timeout)
+            config.snapshot_scope = lifecycle.snapshot_scope(env)
+        except lifecycle.LifecycleError as exc:
+            raise StartupError(str(exc)) from None
+        if config.recovery == "auto" and not config.resend:
+            raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
+                               "re-send what died with a server)")
         if (config.journal or config.recovery) and not config.snapshot_dir:
             raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
         if config.recovery and not config.journal:
@@ -214,8 +235,10 @@ def membership_path(directory: str | os.PathLike, rank: int) -> Path:
     return Path(directory) / f"node.rank{rank}.json"
 
 
-def find_membership(directory: str | os.PathLike, host: str, port: int, rank: int = -1) -> dict:
-    """The record of the server that ran at host:port (its requested or bound port), or of `rank`."""
+def find_membership(directory: str | os.PathLike, host: str, port: int, rank: int = -1,
+                    missing_ok: bool = False) -> dict | None:
+    """The record of the server that ran at host:port (its requested or bound port), or of `rank` (None if there
+    is none and `missing_ok`)."""
     records = []
     for path in sorted(Path(directory).glob("node.rank*.json")):
         try:
@@ -227,6 +250,8 @@ def find_membership(directory: str | os.PathLike, host: str, port: int, rank: in
     else:
         found = [r for r in records if r.get("host") == host and port and port in (r.get("port"),
                                                                                      r.get("requested_port"))]
+    if not found and missing_ok:
+        return None
     if len(found) != 1:
         known = ", ".join(f"rank {r.get('rank')} at {r.get('host')}:{r.get('port')}" for r in records) or "none"
         want = f"rank {rank}" if rank >= 0 else f"{host}:{port}"
@@ -289,6 +314,8 @@ class ServerNode:
         self.gate: ResumeGate | None = None
         self._replaying = False
         self._peers: list[membership.Peer] = []
+        self.status = lifecycle.StatusFile.from_env()   # KVSTORE_LAZY_STATUS_FILE, read by --ready probes
+        self._next_touch = 0.0
         # Prometheus metrics (KVSTORE_LAZY_METRICS_PORT): fed by this loop, served by their own HTTP thread
         self.metrics = Exporter(*config.metrics) if config.metrics is not None else None
 
@@ -299,6 +326,8 @@ class ServerNode:
             try:
                 if self.metrics is not None:
                     self.metrics.start()
+                if self.config.recovery == "auto":
+                    self._decide_recovery()
                 if self.config.recovery == "rejoin":
                     self.rejoin()
                 else:
@@ -319,9 +348,11 @@ class ServerNode:
 
     def start(self, timeout: float = 600.0) -> None:
         cfg = self.config
-        self.port = self.van.bind(cfg.host, cfg.port)
-        log.info("listening on %s:%d; registering with the scheduler at %s:%d%s", cfg.host, self.port,
-                 cfg.root_uri, cfg.root_port, " as a recovered node" if cfg.recovery == "register" else "")
+        self.port = self.van.bind(cfg.bind or cfg.host, cfg.port)
+        self.status.write("starting", host=cfg.host, port=self.port)
+        log.info("listening on %s:%d%s; registering with the scheduler at %s:%d%s", cfg.host, self.port,
+                 f" (bound to {cfg.bind})" if cfg.bind else "", cfg.root_uri, cfg.root_port,
+                 " as a recovered node" if cfg.recovery == "register" else "")
         if cfg.recovery == "register":
             self.timestamp = _rejoin_timestamp()
         # The first socket to the scheduler has no identity: that is how it recognises a new registration.
@@ -362,6 +393,7 @@ class ServerNode:
                 self.load_snapshot()
                 if cfg.journal:
                     self._new_journal_epoch()
+        self._status_serving()
         if recovered:
             # MXNet's servers and workers skip the startup barrier when ps-lite says is_recovery: the others are
             # long past it.
@@ -388,13 +420,47 @@ class ServerNode:
         self.my_id, rank = int(record["id"]), int(record["rank"])
         _set_label(rank)
         self.timestamp = _rejoin_timestamp()
-        self.port = self._bind_again(record["host"], int(record["port"]))
+        self.port = self._bind_again(cfg.bind or record["host"], int(record["port"]))
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
         self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize)
         self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
         self._restore_and_replay(started=started)
+        if not lifecycle.is_ip_address(record["host"]):
+            self._announce_address()
         self._start_timers()
         self._write_membership()
+        self._status_serving()
+
+    def _announce_address(self) -> None:
+        """Rejoined under a DNS name, perhaps at a new IP (a re-created pod): tell every worker where this server is
+        now, so that a socket of theirs stuck on the old IP is replaced at once (lifecycle module docstring)."""
+        cfg = self.config
+        address = cfg.bind if cfg.bind not in ("", lifecycle.ALL_INTERFACES) else \
+            lifecycle.routed_address(cfg.root_uri, cfg.root_port)
+        if address is None:
+            log.warning("cannot tell the workers this server's address (no route to %s); they reach it once their "
+                        "sockets give up the old one", cfg.root_uri)
+            return
+        workers = [p for p in self._peers if p.role == WORKER]
+        for peer in workers:
+            self._send_control(peer.node_id, membership.address_update(self.my_id, address, self.port, self._tick()))
+        log.info("told %d workers this server is at %s:%d (for %s)", len(workers), address, self.port, cfg.host)
+
+    def _decide_recovery(self) -> None:
+        """KVSTORE_LAZY_RECOVERY=auto (a pod or container restarted with the same environment): rejoin the job of
+        this host:port's previous process if it died within the rejoin window, else register (lifecycle)."""
+        cfg = self.config
+        record = find_membership(cfg.snapshot_dir, cfg.host, cfg.port, cfg.recover_rank, missing_ok=True)
+        path = membership_path(cfg.snapshot_dir, record["rank"]) if record is not None else None
+        rejoin, why = lifecycle.rejoin_decision(record, path, cfg.rejoin_window)
+        log.info("KVSTORE_LAZY_RECOVERY=auto: %s", why)
+        cfg.recovery = "rejoin" if rejoin else ""
+        cfg.is_recovery = rejoin
+
+    def _status_serving(self) -> None:
+        assert self.server is not None
+        self.status.write("serving", rank=self.server.rank, node_id=self.my_id, host=self.config.host,
+                          port=self.port)
 
     def _bind_again(self, host: str, port: int, wait: float = 15.0) -> int:
         deadline = time.monotonic() + wait
@@ -420,10 +486,10 @@ class ServerNode:
         if self.config.resend:
             self._next_resend_check = now + self.config.resend_timeout
 
-    def _write_membership(self) -> None:
+    def _write_membership(self, state: str = "running") -> None:
         assert self.server is not None and self.my_id is not None
         cfg = self.config
-        record = {"rank": self.server.rank, "id": self.my_id, "host": cfg.host, "port": self.port,
+        record = {"rank": self.server.rank, "id": self.my_id, "host": cfg.host, "port": self.port, "state": state,
                   "requested_port": cfg.port, "root_uri": cfg.root_uri, "root_port": cfg.root_port,
                   "num_servers": cfg.num_servers, "num_workers": cfg.num_workers, "pid": os.getpid(),
                   "peers": [[p.node_id, p.role, p.hostname, p.port] for p in self._peers]}
@@ -434,8 +500,15 @@ class ServerNode:
         assert self.server is not None
         while not self.server.stopped:
             msg = self._recv(self._poll_timeout())
-            if msg is not None:
+            # every message already queued before the timers (at most DRAIN_MAX; a due snapshot still looks for
+            # the first quiescent moment after each message)
+            served = 0
+            while msg is not None:
                 self._dispatch(msg)
+                served += 1
+                if served == DRAIN_MAX or self.server.stopped or self._snapshot_due:
+                    break
+                msg = self._recv(0)
             self._timers()
         self.log_stats("at shutdown")
         if self.config.snapshot_dir:
@@ -467,7 +540,7 @@ class ServerNode:
         if self.gate is not None and self.gate.active:
             meta["resume_gate"] = self.gate.state()
         path = checkpoint.write_snapshot(self.config.snapshot_dir, self.server.rank, self.server.num_servers,
-                                         tables, meta)
+                                         tables, meta, writer=lifecycle.writer_of(self.config.host, self.port))
         if new_journal is not None:
             self.journal.close()
             self.journal = new_journal
@@ -486,7 +559,8 @@ class ServerNode:
         meta["tag"] = tag
         meta["quiescent"] = self.quiescent()
         path = checkpoint.write_snapshot(Path(self.config.snapshot_dir) / TAGGED_DIR, self.server.rank,
-                                         self.server.num_servers, tables, meta)
+                                         self.server.num_servers, tables, meta,
+                                         writer=lifecycle.writer_of(self.config.host, self.port))
         log.info("tagged snapshot %s written to %s in %.3fs%s", json.dumps(tag), path, time.monotonic() - started,
                  "" if meta["quiescent"] else " (WARNING: a dist_sync round was half-way; its pushes are not in it)")
         if self.metrics is not None:
@@ -501,6 +575,7 @@ class ServerNode:
         candidates = {"auto": [base / TAGGED_DIR, base], "tagged": [base / TAGGED_DIR], "latest": [base],
                       "none": []}[choice]
         for directory in candidates:
+            self._check_owner(directory)
             manifest = checkpoint.read_manifest(directory, rank)
             if manifest is not None:
                 break
@@ -513,6 +588,15 @@ class ServerNode:
         log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
                  rank, directory, f" (tag {json.dumps(server_meta.get('tag'))})" if "tag" in server_meta else "",
                  len(manifest["keys"]))
+
+    def _check_owner(self, directory: Path) -> None:
+        """Never load another server's snapshot from a volume of its own (lifecycle.check_snapshot_owner)."""
+        assert self.server is not None
+        try:
+            lifecycle.check_snapshot_owner(directory, self.server.rank, self.config.host, self.port,
+                                           self.config.snapshot_scope)
+        except lifecycle.LifecycleError as exc:
+            raise StartupError(str(exc)) from None
 
     def _restore(self, directory: Path, manifest: dict) -> None:
         assert self.server is not None
@@ -539,6 +623,7 @@ class ServerNode:
         assert self.server is not None and self.my_id is not None
         started = time.monotonic() if started is None else started
         directory, rank = Path(self.config.snapshot_dir), self.server.rank
+        self._check_owner(directory)
         manifest = checkpoint.read_manifest(directory, rank)
         info = (manifest or {}).get("server", {}).get("journal")
         if manifest is None or info is None:
@@ -599,20 +684,35 @@ class ServerNode:
             if self._barrier_released:
                 log.info("the scheduler released the final barrier before this server asked (extra counts from "
                          "resent startup BARRIERs, a ps-lite PS_RESEND race); not asking")
-                log.info("stopped")
+                self._stopped()
                 return
-        self.barrier(membership.ALL_GROUP)
+        if not self.barrier(membership.ALL_GROUP, timeout=FINAL_RELEASE_WAIT):
+            log.warning("no release of the final barrier from the scheduler within %.0fs (its socket to this server "
+                        "may still have been trying an old address of it); training is over, stopping",
+                        FINAL_RELEASE_WAIT)
+        self._stopped()
+
+    def _stopped(self) -> None:
+        """Past the final barrier: the job is over, so a later start with this record registers anew."""
+        if self.config.snapshot_dir and self.server is not None:
+            self._write_membership("finished")
+        self.status.write("stopped")
         log.info("stopped")
 
-    def barrier(self, group: int) -> None:
+    def barrier(self, group: int, timeout: float | None = None) -> bool:
+        """Ask the scheduler for barrier `group` and serve until it is released (False: not within `timeout` s)."""
         self._barrier_released = False
         # not kept for resending: a resent BARRIER that the scheduler had processed but not ACKed counts twice
         self._send_control(membership.SCHEDULER_ID, membership.barrier_request(group, self._tick()))
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
         while not self._barrier_released:
+            if time.monotonic() > deadline:
+                return False
             msg = self._recv(self._poll_timeout())
             if msg is not None:
                 self._dispatch(msg)
             self._timers()
+        return True
 
     def _pump_for(self, seconds: float, until=None) -> None:
         """Serve incoming messages and timers for `seconds` (or until `until()` is true)."""
@@ -637,6 +737,9 @@ class ServerNode:
 
     def _timers(self) -> None:
         now = time.monotonic()
+        if now >= self._next_touch and self.config.snapshot_dir and self.server is not None:
+            lifecycle.touch(membership_path(self.config.snapshot_dir, self.server.rank))   # last alive
+            self._next_touch = now + lifecycle.TOUCH_EVERY
         if now >= self._next_heartbeat and self.my_id is not None:
             self._send_control(membership.SCHEDULER_ID,
                                membership.heartbeat(self.my_id, self.config.host, self.port, self._tick()))
@@ -708,7 +811,8 @@ class ServerNode:
             if self.metrics is not None:
                 self.metrics.malformed()
             return None
-        msg.frames = frames[1:]   # as received: what the journal keeps
+        if self.journal is not None:
+            msg.frames = frames[1:]   # as received: what the journal keeps
         if self.config.verbose >= 2:
             log.info("recv from %s: %s (%d data frames)", node_name(msg.sender), msg.meta, len(msg.data))
         return msg

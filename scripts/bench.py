@@ -17,18 +17,23 @@ Scenarios (--scenarios, default all):
   scale       ours: fill one server with D=64 Adam rows (every step's ids new) and fit RSS against rows;
               the largest row count within 8 GiB (measured, or extrapolated from the fit: said so in the table);
               stock: the largest input_dim one server can init (one init message must stay under 2 GiB).
+  step        a CTR training step as a Gluon Trainer issues it (scripts/bench_workers/step.py): 8 row_sparse keys
+              (embeddings and wide weights of 4 features, 256 Zipf rows each per worker) and 6 dense MLP keys,
+              push all then pull all, 1 and 2 servers, dist_sync and dist_async: steps/s, p50/p99 step latency,
+              server CPU per step.
 
 Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, and every job's log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
-    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale] [--out bench-results]
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step] [--out bench-results]
                             [--profile] [--no-stock] [--verbose] [--report-only]
 
---quick takes ~2-3 minutes (10 jobs); the default (full) preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on
-2026-11-30) and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker
-building a (1e7, 64) weight. --report-only rebuilds
-the tables, JSON and plot from the job records a run left in --out. scripts/bench_workers/replay.py measures the
-server's CPU per step in-process (no sockets), steady enough for an optimisation's before/after.
+--quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01); the default (full)
+preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on 2026-11-30) plus the step scenario's 8, and up to
+~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB for a stock worker building a (1e7, 64)
+weight. --report-only rebuilds the tables, JSON and plot from the job records a run left in --out.
+scripts/bench_workers/replay.py measures the server's CPU per step in-process (no sockets), steady enough for an
+optimisation's before/after.
 """
 from __future__ import annotations
 
@@ -62,7 +67,7 @@ MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step")
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -75,6 +80,9 @@ PRESETS = {
                        "configs": [[1, "dist_sync"], [2, "dist_async"]],
                        "dense": [["2x3", 100], ["1000x1000", 12]]},
         "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 1_000_000, "optimizer": "adam"},
+        "step": {"features": [200_000, 100_000, 50_000, 10_000], "emb_dim": 16, "hidden": [256, 128], "rows": 256,
+                 "steps": 60, "warmup": 10, "optimizer": "adam",
+                 "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         "timeout": 240,
     },
     "full": {
@@ -85,6 +93,9 @@ PRESETS = {
                        "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]],
                        "dense": [["2x3", 500], ["1000x1000", 60]]},
         "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 10_000_000, "optimizer": "adam"},
+        "step": {"features": [2_000_000, 1_000_000, 500_000, 100_000], "emb_dim": 16, "hidden": [256, 128],
+                 "rows": 256, "steps": 300, "warmup": 20, "optimizer": "adam",
+                 "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         "timeout": 1800,
     },
 }
@@ -235,7 +246,8 @@ class Bench:
         return run
 
     def job(self, name: str, server: str, command: list[str], num_workers: int = NUM_WORKERS,
-            num_servers: int = 1, timeout: float | None = None, profile: bool = False) -> Run:
+            num_servers: int = 1, timeout: float | None = None, profile: bool = False,
+            env: dict | None = None) -> Run:
         if self.args.report_only:
             return self.load(name, server, num_workers)
         run_dir = self.runs_dir / f"{name}-{server}"
@@ -246,7 +258,7 @@ class Bench:
         pids_file = run_dir / "pids.json"
         pids_file.unlink(missing_ok=True)
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-               "BENCH_PIDS": str(pids_file)}
+               "BENCH_PIDS": str(pids_file), **(env or {})}
         server_env = {"KVSTORE_LAZY_STATS_INTERVAL": "86400"}
         if profile and server == "lazy":
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
@@ -893,6 +905,79 @@ def scenario_scale(bench: Bench, jobs: dict[str, RowsJob], init_data: dict | Non
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 5: a CTR training step
+
+# Every node of a step job, ours and stock alike, runs with one OpenMP thread, as `make demo` does: on a 2-core
+# machine the stock server's (and the workers') spinning OpenMP threads otherwise take the cores from everyone.
+STEP_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def step_stats(run: Run) -> dict | None:
+    """Steps/s, latency percentiles and server CPU per step of a step.py job (both workers' records)."""
+    per_worker = run.of("step", None)
+    if len(per_worker) != len(run.records) or not per_worker:
+        return None
+    lat = [x for r in per_worker for x in r["latency_ms"]]
+    steps = per_worker[0]["steps"]
+    cpu = next((r.get("server_cpu") for r in per_worker if r.get("server_cpu")), None)
+    return {"steps": steps, "steps_per_s": float(np.mean([1e3 / np.mean(r["latency_ms"]) for r in per_worker])),
+            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "server_cpu_ms_per_step": sum(cpu) / steps * 1e3 if cpu and None not in cpu else None,
+            "keys": [per_worker[0]["sparse_keys"], per_worker[0]["dense_keys"]]}
+
+
+def scenario_step(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["step"]
+    argv = ["--features", ",".join(map(str, c["features"])), "--emb-dim", str(c["emb_dim"]),
+            "--hidden", ",".join(map(str, c["hidden"])), "--rows", str(c["rows"]), "--steps", str(c["steps"]),
+            "--warmup", str(c["warmup"]), "--optimizer", c["optimizer"]]
+    rows, data, failed = [], [], []
+    for servers, mode in c["configs"]:
+        name = f"step-{servers}s-{mode.split('_')[1]}"
+        res = {}
+        for impl in IMPLS:
+            if impl == "stock" and bench.args.no_stock:
+                continue
+            run = bench.job(name, impl, worker("step.py") + ["--server", impl, "--mode", mode] + argv,
+                            num_servers=servers, profile=bench.args.profile, env=STEP_ENV)
+            res[impl] = step_stats(run)
+            if not run.ok:
+                failed.append(f"{name} {impl} FAILED (status {run.status}): {run.log}")
+        o, s = res.get("lazy") or {}, res.get("stock") or {}
+        config = f"{servers} server{'s' if servers > 1 else ''}, {mode}"
+        ok = None if not o or not s else o["steps_per_s"] >= 1.3 * s["steps_per_s"]
+        rows.append([config, "steps/s per worker", f"{o['steps_per_s']:.1f}" if o else "-",
+                     f"{s['steps_per_s']:.1f}" if s else "-", ratio(o.get("steps_per_s"), s.get("steps_per_s")),
+                     verdict(ok, ">= 1.3x stock")])
+        rows.append(["", "step latency p50", ms(o.get("p50_ms")), ms(s.get("p50_ms")),
+                     ratio(o.get("p50_ms"), s.get("p50_ms")), ""])
+        rows.append(["", "step latency p99", ms(o.get("p99_ms")), ms(s.get("p99_ms")),
+                     ratio(o.get("p99_ms"), s.get("p99_ms")), ""])
+        rows.append(["", "server CPU per step (all servers)", ms(o.get("server_cpu_ms_per_step")),
+                     ms(s.get("server_cpu_ms_per_step")),
+                     ratio(o.get("server_cpu_ms_per_step"), s.get("server_cpu_ms_per_step")), ""])
+        data.append({"servers": servers, "mode": mode, "ours": res.get("lazy"), "stock": res.get("stock")})
+    layers = [len(c["features"]) * c["emb_dim"]] + c["hidden"] + [1]
+    notes = [f"2 workers; {len(c['features'])} features (input_dim {', '.join(f'{n:,}' for n in c['features'])}): "
+             f"{len(c['features'])} embeddings (D={c['emb_dim']}) and {len(c['features'])} wide weights (D=1), "
+             f"row_sparse; MLP {'-'.join(map(str, layers))}: {2 * (len(layers) - 1)} dense keys; "
+             f"{c['optimizer']} on the servers",
+             f"a step = push every key's gradient, then pull every dense key and row_sparse_pull {c['rows']} "
+             f"distinct Zipf ids per feature (the next step's), all queued at once as a Gluon Trainer does, "
+             f"waited to completion (scripts/bench_workers/step.py); {c['steps']} steps measured after "
+             f"{c['warmup']} warm-up steps",
+             "every node (scheduler, servers, workers) runs with OMP_NUM_THREADS=1, as make demo does",
+             "steps/s per worker = 1 / mean step latency, averaged over workers; latency percentiles pool both "
+             "workers' steps",
+             "server CPU: user+system CPU of the server processes over the measured steps, divided by the steps "
+             "of one worker (so it covers both workers' requests)",
+             "ratio: ours/stock (steps/s: > 1 is better; latency and CPU: < 1 is better)"] + failed
+    return table("Scenario 5: a CTR training step (many small requests)", ["config", "metric", "ours", "stock",
+                                                                           "ours/stock", "target"], rows, notes), \
+        {"results": data, "config": c}
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -924,8 +1009,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     parser.add_argument("--out", default=str(ROOT / "bench-results"), help="output directory (default bench-results/)")
     parser.add_argument("--profile", action="store_true",
-                        help="run our servers of the throughput jobs under cProfile (CPU time) and print hot spots; "
-                             "their numbers then carry the profiler's overhead")
+                        help="run our servers of the throughput and step jobs under cProfile (CPU time) and print "
+                             "hot spots; their numbers then carry the profiler's overhead")
     parser.add_argument("--no-stock", action="store_true", help="only our server (no side by side)")
     parser.add_argument("--verbose", action="store_true", help="echo every job's output")
     parser.add_argument("--report-only", action="store_true",
@@ -985,6 +1070,9 @@ def main(argv=None) -> int:
             report("throughput", lambda: scenario_throughput(bench, jobs))
         if "scale" in scenarios:
             report("scale", lambda: scenario_scale(bench, jobs, init_data))
+        if "step" in scenarios:
+            print("scenario 5: step", flush=True)
+            report("step", lambda: scenario_step(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130

@@ -6,6 +6,7 @@ its deadline raises :class:`JobHung` (a hang is a failure, never a pass).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,20 @@ class JobHung(AssertionError):
 
 class JobFailed(AssertionError):
     pass
+
+
+def netns_unavailable() -> str | None:
+    """Why network-namespace hosts (scripts/netns_cluster.sh) cannot run here, or None if they can."""
+    if sys.platform != "linux":
+        return "network namespaces are Linux only"
+    if os.geteuid() != 0:
+        return "needs root (ip netns)"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip): apt-get install iproute2"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns does not work here: {probe.stderr.strip()}"
+    return None
 
 
 def free_port() -> int:

@@ -20,8 +20,11 @@ def run_server(*args: str, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("env, says", [
-    # no such interface to bind (nothing is sent anywhere: binding fails before the scheduler is dialled)
-    ({"DMLC_NODE_HOST": "kvl-no-such-if"}, "cannot start: could not bind kvl-no-such-if"),
+    # an address this host does not have (nothing is sent anywhere: binding fails before the scheduler is dialled)
+    ({"DMLC_NODE_HOST": "kvl-server-0.kvl-server", "KVSTORE_LAZY_BIND": "192.0.2.1"},
+     "cannot start: could not bind 192.0.2.1"),
+    # a DNS name to advertise, but nothing to bind instead (ZeroMQ cannot bind a name)
+    ({"DMLC_NODE_HOST": "kvl-no-such-if"}, "DMLC_NODE_HOST='kvl-no-such-if' is a DNS name, which ZeroMQ cannot bind"),
     ({"DMLC_NUM_WORKER": "two"}, "DMLC_NUM_WORKER='two' is not an integer"),
     ({"KVSTORE_LAZY_RECOVERY": "1"}, "need KVSTORE_LAZY_SNAPSHOT_DIR"),
     ({"KVSTORE_LAZY_METRICS_PORT": "9o9o"}, "KVSTORE_LAZY_METRICS_PORT='9o9o' is not a port number"),

@@ -18,15 +18,15 @@ row). Row ids are checked against the whole 64-bit range: the stock server trunc
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from . import mxnet as mx
 from .errors import ProtocolError
 from .message import KVPairs, Message, decode_kv
-from .pbmeta import Meta
+from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta
 
 MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
 
@@ -84,21 +84,27 @@ class KeyRange:
         return int(keys[i]) - self.begin
 
 
+# Every valid data head, decoded once (3 request types x 7 dtypes): parse looks a head up instead of decoding it;
+# a head not in it goes through mx.decode_command, which says what is wrong with it.
+_COMMANDS = {mx.command_code(t, f): mx.DataCommand(t, f) for t in mx.REQUEST_NAMES for f in mx.MSHADOW_DTYPES}
+_NO_ROWS = np.zeros(0, np.int64)
+_NO_ROWS.flags.writeable = False   # shared by every request without rows
+
+
 def parse(msg: Message, keys: KeyRange) -> DataRequest:
     """The one typed request a data message is, or BadRequest (naming the key when it can)."""
     try:
         kv = decode_kv(msg.data)
-        command = mx.decode_command(msg.meta.head)
+        command = _COMMANDS.get(msg.meta.head) or mx.decode_command(msg.meta.head)
     except ProtocolError as exc:
         raise BadRequest(keys.hint(msg), str(exc)) from None
-    parse_as = {mx.DEFAULT: _default, mx.COMPRESSED: _compressed, mx.ROW_SPARSE: _row_sparse}[command.request_type]
-    return parse_as(msg, command, kv, keys)
+    return _PARSERS[command.request_type](msg, command, kv, keys)
 
 
-def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, **fields: Any) -> DataRequest:
-    fields.setdefault("local_ids", np.zeros(0, np.int64))
-    return DataRequest(sender=msg.sender, meta=msg.meta, request_type=command.request_type, dtype=command.dtype,
-                       key=key, keys=kv.keys, **fields)
+def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, local_ids: np.ndarray = _NO_ROWS,
+             values: np.ndarray | None = None, original_size: int = 0) -> DataRequest:
+    return DataRequest(msg.sender, msg.meta, command.request_type, mx.MSHADOW_DTYPES[command.dtype_flag], key,
+                       kv.keys, local_ids, values, original_size)
 
 
 def _default(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
@@ -132,18 +138,26 @@ def _compressed(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
 def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
     if len(kv.keys) == 0:
         raise BadRequest(None, "row_sparse request without keys")
-    key = keys.decode(int(kv.keys[0]))
-    if np.any(kv.keys[1:] < kv.keys[0]):
-        raise BadRequest(key, "row key below its master key")
-    local_ids = kv.keys[1:] - kv.keys[0]                  # uint64: every row id a 64-bit key can carry
-    if len(local_ids) and int(local_ids.max()) > MAX_ROW_ID:
-        raise BadRequest(key, f"row id {int(local_ids.max())} is beyond the int64 row ids of MXNet")
-    local_ids = local_ids.astype(np.int64)
-    if len(local_ids) > 1 and not np.all(local_ids[1:] > local_ids[:-1]):
-        bad = int(np.argmax(local_ids[1:] <= local_ids[:-1])) + 1
-        raise BadRequest(key, f"row ids are not sorted and unique (row {int(local_ids[bad])} at position {bad})")
-    values = _rows(key, command.dtype, kv, len(local_ids)) if msg.meta.push else None
-    return _request(msg, command, kv, key, local_ids=local_ids, values=values)
+    raw = kv.keys
+    master = int(raw[0])
+    key = keys.decode(master)
+    if len(raw) > 1 and int(raw[1]) >= master and int(raw[-1]) - master <= MAX_ROW_ID \
+            and np.count_nonzero(raw[2:] > raw[1:-1]) == len(raw) - 2:
+        # what a worker sends: row keys strictly increasing from the master key on, so every check below passes
+        # (none below the master, the largest row id the last, sorted and unique) and no id wraps into int64
+        local_ids = (raw[1:] - raw[0]).view(np.int64)
+    else:
+        if np.any(raw[1:] < raw[0]):
+            raise BadRequest(key, "row key below its master key")
+        local_ids = raw[1:] - raw[0]                  # uint64: every row id a 64-bit key can carry
+        if len(local_ids) and int(local_ids.max()) > MAX_ROW_ID:
+            raise BadRequest(key, f"row id {int(local_ids.max())} is beyond the int64 row ids of MXNet")
+        local_ids = local_ids.astype(np.int64)
+        if len(local_ids) > 1 and not np.all(local_ids[1:] > local_ids[:-1]):
+            bad = int(np.argmax(local_ids[1:] <= local_ids[:-1])) + 1
+            raise BadRequest(key, f"row ids are not sorted and unique (row {int(local_ids[bad])} at position {bad})")
+    values = _rows(key, mx.MSHADOW_DTYPES[command.dtype_flag], kv, len(local_ids)) if msg.meta.push else None
+    return _request(msg, command, kv, key, local_ids, values)
 
 
 def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
@@ -153,15 +167,22 @@ def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
     if num_rows == 0:
         return np.zeros((0, 0), dtype)
     row_bytes = int(kv.lens[1])
-    if row_bytes <= 0 or row_bytes % dtype.itemsize or np.any(kv.lens[1:] != row_bytes):
+    if row_bytes <= 0 or row_bytes % dtype.itemsize or np.count_nonzero(kv.lens[2:] != row_bytes):
         raise BadRequest(key, f"row lens must all be the same positive multiple of {dtype.itemsize}")
     if len(kv.vals) != num_rows * row_bytes:
         raise BadRequest(key, f"{len(kv.vals)} value bytes for {num_rows} rows of {row_bytes} bytes")
     return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_bytes // dtype.itemsize)
 
 
+_PARSERS = {mx.DEFAULT: _default, mx.COMPRESSED: _compressed, mx.ROW_SPARSE: _row_sparse}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # replies
+
+_I32 = struct.Struct("<i")     # ps-lite's lens are int32
+_LEN_0 = _I32.pack(0)
+_MAX_LEN = (1 << 31) - 1
 
 def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Message]:
     """KVServer::Response: echo head/timestamp/customer/push/pull; data only when there are keys."""
@@ -173,17 +194,27 @@ def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Mess
     return sender, Message(out, data)
 
 
+def _values_reply(request: DataRequest, payload: bytes, lens: bytes) -> tuple[int, Message]:
+    """reply() with the request's keys (at least one), `payload` and `lens` (int32 bytes, one per key): the frames
+    KVPairs.frames() lays out, built directly (a pull's answer is the server's most frequent message)."""
+    meta = request.meta
+    out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
+               push=meta.push, pull=meta.pull, data_type=[DT_UINT64, DT_OTHER, DT_INT32])
+    return request.sender, Message(out, [request.keys.tobytes(), payload, lens])
+
+
 def value_reply(request: DataRequest, payload: bytes) -> tuple[int, Message]:
     """A dense pull's answer: the keys back, the values, one len in bytes."""
-    return reply(request.sender, request.meta, KVPairs(request.keys, payload, np.array([len(payload)], np.int32)))
+    if len(request.keys) != 1 or len(payload) > _MAX_LEN:
+        return reply(request.sender, request.meta, KVPairs(request.keys, payload, np.array([len(payload)],
+                                                                                           np.int32)))
+    return _values_reply(request, payload, _I32.pack(len(payload)))
 
 
 def rows_reply(request: DataRequest, payload: bytes, row_size: int) -> tuple[int, Message]:
     """A row_sparse pull's answer: the keys back, the rows, lens in elements with 0 for the master key (as the stock
     server sends them)."""
-    lens = np.full(len(request.keys), row_size, np.int32)
-    lens[0] = 0
-    return reply(request.sender, request.meta, KVPairs(request.keys, payload, lens))
+    return _values_reply(request, payload, _LEN_0 + _I32.pack(row_size) * (len(request.keys) - 1))
 
 
 def refusal(msg: Message) -> tuple[int, Message]:

@@ -10,6 +10,7 @@ uses to tell a new registration (ps-lite ``ZMQVan::GetNodeID``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,10 +36,10 @@ def identity_of(node_id: int) -> bytes:
 @dataclass
 class Message:
     meta: Meta
-    data: list[bytes] = field(default_factory=list)
+    data: Sequence[bytes | memoryview] = field(default_factory=list)   # large received frames stay memoryviews
     sender: int = EMPTY
 
-    def to_frames(self) -> list[bytes]:
+    def to_frames(self) -> list[bytes | memoryview]:
         """Frames for a DEALER send: meta first, then the data frames. ``meta.data_type`` must already list one
         type per data frame (ValueError otherwise); KVPairs.frames() returns both."""
         if len(self.meta.data_type) != len(self.data):
@@ -54,12 +55,8 @@ class Message:
         identity = frames[0]
         sender = parse_identity(identity if type(identity) is bytes else bytes(identity))
         meta = decode_meta(frames[1])  # decode_meta takes any buffer, as bytes(frames[1]) did
-        data = frames[2:]
-        if data:
-            data = [f if isinstance(f, bytes) else memoryview(f) for f in data]
-        else:
-            data = []
-        return cls(meta=meta, data=data, sender=sender)
+        data = [f if type(f) is bytes or isinstance(f, bytes) else memoryview(f) for f in frames[2:]]
+        return cls(meta, data, sender)
 
 
 @dataclass
@@ -67,7 +64,7 @@ class KVPairs:
     """The data of a KV request or response: ``keys`` (uint64), ``vals`` (raw bytes), ``lens`` (int32, may be empty)."""
 
     keys: np.ndarray
-    vals: bytes
+    vals: bytes | memoryview      # a memoryview of a large received frame (no copy)
     lens: np.ndarray
 
     def frames(self) -> tuple[list[bytes], list[int]]:
@@ -82,7 +79,11 @@ class KVPairs:
         return data, types
 
 
-def decode_kv(data: list) -> KVPairs:
+_UINT64, _INT32 = np.dtype("<u8"), np.dtype("<i4")   # dtype objects: a dtype string is parsed on every use
+_NO_LENS = np.frombuffer(b"", _INT32)                # read-only, like the lens of a received message
+
+
+def decode_kv(data: Sequence[bytes | memoryview]) -> KVPairs:
     """Split a KV message's data frames (ps-lite KVServer::Process checks) into typed arrays."""
     if not data:
         return KVPairs(np.zeros(0, np.uint64), b"", np.zeros(0, np.int32))
@@ -91,13 +92,13 @@ def decode_kv(data: list) -> KVPairs:
     raw_keys, vals = bytes(data[0]), data[1]
     if len(raw_keys) % 8:
         raise ProtocolError(f"keys frame of {len(raw_keys)} bytes is not a whole number of uint64")
-    keys = np.frombuffer(raw_keys, dtype="<u8")
-    lens = np.zeros(0, np.int32)
+    keys = np.frombuffer(raw_keys, _UINT64)
+    lens = _NO_LENS
     if len(data) == 3:
         raw_lens = bytes(data[2])
         if len(raw_lens) % 4:
             raise ProtocolError(f"lens frame of {len(raw_lens)} bytes is not a whole number of int32")
-        lens = np.frombuffer(raw_lens, dtype="<i4")
+        lens = np.frombuffer(raw_lens, _INT32)
         if len(lens) != len(keys):
             raise ProtocolError(f"{len(lens)} lens for {len(keys)} keys")
     return KVPairs(keys, vals, lens)

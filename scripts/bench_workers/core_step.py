@@ -17,7 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# Appended, not prepended: PYTHONPATH=<another checkout> measures that checkout's server with this script (its
+# kvstore_lazy is printed first); without it, this checkout's.
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+import kvstore_lazy  # noqa: E402
 
 from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of  # noqa: E402
@@ -137,7 +141,10 @@ def run_small(optimizer: str, repeat: int) -> dict:
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, 16), np.float32)))
     grad = rng.standard_normal((2, 3)).astype(np.float32)
     fresh = [np.sort(rng.choice(1 << 40, 256, replace=False)) for _ in range(repeat)]
-    known = fresh[:8]
+    known = [np.sort(rng.choice(1 << 40, 256, replace=False)) for _ in range(8)]
+    for ids in known:   # stored under either policy: pushed once (a round of both workers)
+        for w in workers:
+            handle(w.rows(ids, np.zeros((256, 16), np.float32)))
     msgs = {
         "dense 2x3 push (sync round of 2)": [w.dense(5, grad) for _ in range(repeat) for w in workers],
         "dense 2x3 pull": [workers[0].dense(5, None) for _ in range(repeat)],
@@ -170,6 +177,7 @@ def main() -> None:
     parser.add_argument("--materialize", nargs="+", default=["push"], choices=["push", "touch"],
                         help="row policies to run the row_sparse steps with (push: the server's default)")
     args = parser.parse_args()
+    print(f"kvstore_lazy from {Path(kvstore_lazy.__file__).resolve().parent}")
     if args.small:
         print(f"{'optimizer':<10} {'small request':<48} {'server CPU us/request':>22}")
         for optimizer in args.optimizer:
