@@ -7,9 +7,11 @@ STAMP  := $(VENV)/.installed
 KERNELS := kvstore_lazy/store/_kernels.so
 # matplotlib for the benchmark plots (the [bench] extra), pinned; numpy held at requirements.txt's pin
 BENCH_STAMP := $(VENV)/.bench-installed
+# ruff and mypy for `make lint`, pinned
+LINT_STAMP := $(VENV)/.lint-installed
 
 .PHONY: venv system-deps k8s-deps test-cluster test-docker test test-unit test-integration test-server-python demo \
-        bench bench-quick patch unpatch clean
+        bench bench-quick patch unpatch clean lint
 
 venv: $(STAMP) $(KERNELS)
 
@@ -31,9 +33,19 @@ $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
 	touch $(BENCH_STAMP)
 
-test: venv $(BENCH_STAMP) k8s-deps
+test: venv lint $(BENCH_STAMP) k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
 	$(MAKE) test-server-python
+
+$(LINT_STAMP): requirements-lint.txt $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-lint.txt
+	touch $(LINT_STAMP)
+
+# ruff over the whole tree and mypy over protocol, store, server and promexport, as configured in pyproject.toml
+# ([tool.ruff], [tool.mypy]); `make test` runs it before the tests; quick to re-run alone (a few seconds).
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The server as `pip install kvstore-lazy` gives it, on another Python: the wheel built from this tree (compiled
 # kernels inside), installed with SERVER_NUMPY and requirements-server.txt alone into a venv of SERVER_PYTHON
@@ -48,14 +60,15 @@ SERVER_PYTHON ?= $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.13.*/bin/p
 SERVER_VENV   := .venv-server
 SERVER_NUMPY  ?= numpy==2.5.5
 SERVER_TESTS  := tests/test_protocol.py tests/test_rows.py tests/test_kernels.py tests/test_compression.py \
-                 tests/test_cli.py tests/test_layers.py \
+                 tests/test_cli.py tests/test_layers.py tests/test_promexport.py \
                  tests/test_recovery.py tests/test_launch.py
 SERVER_JOBS   := tests/test_server_python.py \
                  "tests/test_training_integration.py::test_training_matches_stock[gluon-sync-2s-adam-partitioned]" \
                  "tests/test_training_integration.py::test_training_matches_stock[module-async-1s-sgd]" \
                  "tests/test_dense_integration.py::test_dense_matches_stock[sync-2s-2bit]" \
                  "tests/test_lazy_integration.py::test_lazy_init_ships_no_rows_and_stores_only_trained[2servers-partitioned]" \
-                 tests/test_lazy_integration.py::test_same_initial_rows_with_1_and_2_servers_and_shuffled_pulls
+                 tests/test_lazy_integration.py::test_same_initial_rows_with_1_and_2_servers_and_shuffled_pulls \
+                 tests/test_metrics_integration.py
 NO_CC_PATH    := $$($(CURDIR)/$(PY) $(CURDIR)/tests/path_without_compilers.py $(CURDIR)/build/no-cc-bin)
 
 test-server-python: venv

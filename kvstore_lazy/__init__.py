@@ -2,7 +2,7 @@
 
 Layers (imports only point down): ``protocol`` (sans-IO codec) and ``store`` (numpy row tables) import nothing of
 the project; ``initializers``, ``optimizers``, ``compression`` are pure numpy; ``server`` (request semantics) uses
-those but no zmq; ``transport`` is the only zmq code; ``runtime``/``cli`` wire them together. ``worker`` and ``integration`` run in
-the training process and are the only modules that import mxnet.
+those but no zmq; ``transport`` is the only zmq code; ``runtime``/``cli`` wire them together. ``worker`` and
+``integration`` run in the training process and are the only modules that import mxnet.
 """
 __version__ = "0.1.0"

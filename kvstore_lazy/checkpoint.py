@@ -653,8 +653,8 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
     """Write `dst`: checkpoint `src` with every row (or, with `rows`, the stored rows and `rows`) of each lazy
     parameter present, absent ones with their initial values; other entries copied byte for byte. Everything is
     checked before `dst` is created; values are written chunk by chunk (CHUNK_VALUES values or CHUNK_ROWS rows at a
-    time), so memory does not grow with the parameters' sizes. With `rows`, `dst` gets a sidecar (rows are still absent); without, it is a
-    plain stock file. Returns one line per lazy parameter saying what was written."""
+    time), so memory does not grow with the parameters' sizes. With `rows`, `dst` gets a sidecar (rows are still
+    absent); without, it is a plain stock file. Returns one line per lazy parameter saying what was written."""
     src, dst = Path(src), Path(dst)
     if not src.is_file():
         raise CheckpointError(f"{src}: no such file")

@@ -17,6 +17,12 @@ def server_main(argv: list[str] | None = None) -> int:
                         help="when a lazy row is stored: only on its first push (push, the default: pulls of "
                              "absent rows get computed initial values) or on its first pull or push (touch). "
                              "Env: KVSTORE_LAZY_MATERIALIZE")
+    parser.add_argument("--metrics-port", metavar="PORT", default=None,
+                        help="serve Prometheus metrics on PORT (0: any free port, logged). "
+                             "Env: KVSTORE_LAZY_METRICS_PORT")
+    parser.add_argument("--metrics-bind", metavar="ADDRESS", default=None,
+                        help="address the metrics listen on (default 0.0.0.0; 127.0.0.1 under DMLC_LOCAL). "
+                             "Env: KVSTORE_LAZY_METRICS_BIND")
     parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
     parser.add_argument("--ready", nargs="?", const="", default=None, metavar="STATUS_FILE",
                         help="do not run a server: exit 0 if the server writing STATUS_FILE (default: "
@@ -28,8 +34,11 @@ def server_main(argv: list[str] | None = None) -> int:
         ready, why = check_ready(args.ready or os.environ.get(STATUS_ENV))
         print(("ready: " if ready else "not ready: ") + why)
         return 0 if ready else 1
-    if args.materialize:
-        os.environ["KVSTORE_LAZY_MATERIALIZE"] = args.materialize
+    for value, name in ((args.materialize, "KVSTORE_LAZY_MATERIALIZE"),
+                        (args.metrics_port, "KVSTORE_LAZY_METRICS_PORT"),
+                        (args.metrics_bind, "KVSTORE_LAZY_METRICS_BIND")):
+        if value is not None:
+            os.environ[name] = value   # options are the environment variables' spelling on the command line
     from . import runtime
     from .runtime import Config, StartupError
 

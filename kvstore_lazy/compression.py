@@ -52,7 +52,8 @@ def dequantize_2bit(compressed: bytes, original_size: int, threshold: np.float32
     raw = np.frombuffer(compressed, dtype=np.uint8)
     if len(raw) != 4 * compressed_words(original_size):
         raise CompressionError(
-            f"{len(raw)} compressed bytes cannot hold {original_size} values (need {4 * compressed_words(original_size)})")
+            f"{len(raw)} compressed bytes cannot hold {original_size} values "
+            f"(need {4 * compressed_words(original_size)})")
     j = np.arange(original_size, dtype=np.int64)
     byte = raw[(j >> 4) * 4 + ((j & 15) >> 2)]
     pair = (byte >> (6 - 2 * (j & 3)).astype(np.uint8)) & 3

@@ -65,6 +65,7 @@ from .protocol import ProtocolError
 from .protocol import mxnet as mx
 from .protocol.message import Message, identity_of
 from .protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
+from .promexport import Exporter, address_from_env
 from .server.core import KVServer, node_name
 from .server.lifecycle import Settings as LifecycleSettings
 from .server.resume import ResumeGate
@@ -118,7 +119,8 @@ def _interface_ip(name: str) -> str | None:
 
 
 def default_host() -> str:
-    """DMLC_NODE_HOST, else the IPv4 of DMLC_INTERFACE, else the first non-loopback IPv4 (ps-lite GetAvailableInterfaceAndIP)."""
+    """DMLC_NODE_HOST, else the IPv4 of DMLC_INTERFACE, else the first non-loopback IPv4
+    (ps-lite GetAvailableInterfaceAndIP)."""
     host = os.environ.get("DMLC_NODE_HOST", "")
     if host:
         return host
@@ -183,6 +185,7 @@ class Config:
     queue_bytes: int = QUEUE_BYTES         # KVSTORE_LAZY_PEER_QUEUE_MB, the same in bytes
     lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
     snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
+    metrics: tuple[str, int] | None = None   # Prometheus exporter (host, port): KVSTORE_LAZY_METRICS_PORT/_BIND
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -202,6 +205,10 @@ class Config:
         resume = env.get("KVSTORE_LAZY_RESUME", "auto").strip().lower() or "auto"
         if resume not in ("auto", "tagged", "latest", "none"):
             raise StartupError(f"KVSTORE_LAZY_RESUME={resume!r}: use auto, tagged, latest or none")
+        try:
+            metrics = address_from_env(env, local=atoi_flag(env, "DMLC_LOCAL"))
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         config = cls(
             root_uri=root_uri,
             root_port=_env_int(env, "DMLC_PS_ROOT_PORT"),
@@ -227,6 +234,7 @@ class Config:
             journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
             resume=resume,
             snapshot_deltas=_env_int(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS),
+            metrics=metrics,
         )
         try:   # kvstore_lazy.node_lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
             bind = "" if config.local else lifecycle.bind_address(env, config.host)
@@ -373,12 +381,16 @@ class ServerNode:
         self._peers: list[membership.Peer] = []
         self.status = lifecycle.StatusFile.from_env()   # KVSTORE_LAZY_STATUS_FILE, read by --ready probes
         self._next_touch = 0.0
+        # Prometheus metrics (KVSTORE_LAZY_METRICS_PORT): fed by this loop, served by their own HTTP thread
+        self.metrics = Exporter(*config.metrics) if config.metrics is not None else None
 
     # ------------------------------------------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
             try:
+                if self.metrics is not None:
+                    self.metrics.start()
                 if self.config.recovery == "auto":
                     self._decide_recovery()
                 if self.config.recovery == "rejoin":
@@ -400,6 +412,8 @@ class ServerNode:
         finally:
             if self.journal is not None:
                 self.journal.close()
+            if self.metrics is not None:
+                self.metrics.close()
             self.van.close()
         return 0
 
@@ -626,6 +640,8 @@ class ServerNode:
         rows = sum(len(t["row_ids"]) for k, t in tables.items() if t["meta"]["kind"] == "row_sparse")
         log.info("snapshot written to %s (%s): %d keys, %d rows, %d bytes, %.3fs", path, "delta" if delta else "base",
                  len(tables), rows, size, time.monotonic() - started)
+        if self.metrics is not None:
+            self.metrics.snapshot_written("latest", time.monotonic() - started)
 
     def save_tagged(self, tag) -> None:
         """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
@@ -639,6 +655,8 @@ class ServerNode:
                                          writer=lifecycle.writer_of(self.config.host, self.port))
         log.info("tagged snapshot %s written to %s in %.3fs%s", json.dumps(tag), path, time.monotonic() - started,
                  "" if meta["quiescent"] else " (WARNING: a dist_sync round was half-way; its pushes are not in it)")
+        if self.metrics is not None:
+            self.metrics.snapshot_written("tagged", time.monotonic() - started)
 
     def load_snapshot(self) -> None:
         """A fresh start: restore <dir>/tagged/rank<r> or <dir>/rank<r> (KVSTORE_LAZY_RESUME) and keep it against the
@@ -811,7 +829,8 @@ class ServerNode:
         return ts
 
     def _poll_timeout(self) -> int:
-        nearest = min(self._next_heartbeat, self._next_stats, self._next_snapshot, self._next_resend_check)
+        nearest = min(self._next_heartbeat, self._next_stats, self._next_snapshot, self._next_resend_check,
+                      self.metrics.next_publish if self.metrics is not None else float("inf"))
         return max(0, min(1000, int((nearest - time.monotonic()) * 1000)))
 
     def _timers(self) -> None:
@@ -851,6 +870,8 @@ class ServerNode:
         if now >= self._next_stats:
             self.log_stats("periodic")
             self._next_stats = now + self.config.stats_interval
+        if self.metrics is not None and now >= self.metrics.next_publish:
+            self.metrics.publish(self.server, self.van, now)
 
     def _resend(self, now: float) -> None:
         for entry in self.outbox.due(now):
@@ -901,6 +922,8 @@ class ServerNode:
             msg = Message.from_frames(frames)
         except ProtocolError as exc:
             log.error("dropping a malformed message from identity %r: %s", bytes(frames[0])[:16], exc)
+            if self.metrics is not None:
+                self.metrics.malformed()
             return None
         if self.journal is not None:
             msg.frames = frames[1:]   # as received: what the journal keeps
@@ -933,8 +956,11 @@ class ServerNode:
             self._control(msg)
             return
         assert self.server is not None, "data before registration"
+        started, bad = time.perf_counter(), self.server.bad_requests
         for recver, reply in self._process(msg):
             self._send(recver, reply)
+        if self.metrics is not None:
+            self.metrics.request(msg.meta, time.perf_counter() - started, self.server.bad_requests - bad)
 
     def _process(self, msg: Message) -> list[tuple[int, Message]]:
         """One request through the resume gate and the KVServer (also what journal replay runs)."""

@@ -138,7 +138,7 @@ def machine() -> dict:
     except (OSError, KeyError, ValueError):
         pass
     try:
-        model = [l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")]
+        model = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
         info["cpu"] = model[0].split(":", 1)[1].strip() if model else platform.processor()
     except OSError:
         pass
@@ -519,7 +519,8 @@ def scenario_init(bench: Bench) -> tuple[str, dict]:
         data.append({"input_dim": n, "dim": d, "via": via, "ours": ours, "stock": stock, "stock_note": stock_note})
     notes = [
              "stock inits whose workers sent less than half the weight's bytes are reported as silent failures "
-             "(seen at 1e7 x 64: a 2.38 GiB init message; kv.init returns, nothing reaches the server)","one job per server kind, keys initialized one after the other, smallest first (RSS after init is the "
+             "(seen at 1e7 x 64: a 2.38 GiB init message; kv.init returns, nothing reaches the server)",
+             "one job per server kind, keys initialized one after the other, smallest first (RSS after init is the "
              "server's total; 'growth' is this key's share)",
              "bytes sent: TCP bytes all workers sent during kv.init (kernel counters, `ss -tinpH`), barrier messages "
              "included; stock: only rank 0 pushes the weight",
@@ -909,7 +910,8 @@ def scenario_scale(bench: Bench, jobs: dict[str, RowsJob], init_data: dict | Non
                    "label": f"stock {s['optimizer']}, D {s['dim']}, input_dim {stock_rows / 1e6:.1f}M (max; computed)",
                    "color": "brown", "dash": True, "marker": False})
     notes = [f"ours: one server, 2 workers, dist_sync, B={s['batch']} ids per worker per step that no worker "
-             f"touched before (every pull creates B rows), key {dim_name(s['input_dim'])} x {s['dim']} (a stock worker's NDArray limit), "
+             f"touched before (every pull creates B rows), key {dim_name(s['input_dim'])} x {s['dim']} "
+             f"(a stock worker's NDArray limit), "
              f"run up to {s['rows']:,} rows; beyond the run, RSS is extrapolated (low: the average bytes per row "
              f"above idle at the last point, buffers included; high: a line fitted to the 2nd half of the points)",
              "stock: the limit is on input_dim, whatever the job touches; its server holds input_dim x D x 4 x "

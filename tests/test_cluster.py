@@ -80,7 +80,8 @@ def results(tmp_path_factory):
     table: dict = {}
     yield table
     if table:
-        path = Path(os.environ.get("KVSTORE_LAZY_FAULT_REPORT") or tmp_path_factory.mktemp("report") / "cluster-faults.md")
+        path = Path(os.environ.get("KVSTORE_LAZY_FAULT_REPORT")
+                    or tmp_path_factory.mktemp("report") / "cluster-faults.md")
         faultjob.write_report(table, path)
         sys.__stdout__.write(f"\n\nfault scenarios on network-namespace hosts (also in {path}):\n"
                              f"{faultjob.table(table)}\n")

@@ -41,7 +41,8 @@ def test_dense_matches_stock(job_factory, case):
     stock, _ = run(job_factory, "stock", "dist_sync", servers, args)
     lazy, _ = run(job_factory, "lazy", mode, servers, args)
     for rank in range(2):
-        names = sorted(stock[rank]) if mode == "dist_sync" else [n for n in stock[rank] if n.startswith(("init", "final"))]
+        names = (sorted(stock[rank]) if mode == "dist_sync"
+                 else [n for n in stock[rank] if n.startswith(("init", "final"))])
         assert sorted(lazy[rank]) == sorted(names)
         for name in names:
             s, ours = stock[rank][name], lazy[rank][name]

@@ -29,6 +29,7 @@ ALLOWED = {
     "kvstore_lazy.journal": {"kvstore_lazy.protocol", "kvstore_lazy.checkpoint"},
     "kvstore_lazy.checkpoint": {"kvstore_lazy.ndfile", "kvstore_lazy.initializers"},   # sidecars and densify
     "kvstore_lazy.ndfile": set(),
+    "kvstore_lazy.promexport": {"kvstore_lazy.protocol"},   # fed by the runtime; reads no server internals
     "kvstore_lazy.node_lifecycle": set(),
 }
 ONLY = {   # third-party module -> the only project modules that may import it

@@ -1,15 +1,13 @@
 """Lazy row_sparse keys against stock workers (issue: lazy row tables).
 
-- the init push of a lazy (10_000_000, 32) key ships no rows (bytes the worker's TCP sockets sent during kv.init), next to the
-  stock server initialising the same key in the same test;
+- the init push of a lazy (10_000_000, 32) key ships no rows (bytes the worker's TCP sockets sent during kv.init),
+  next to the stock server initialising the same key in the same test;
 - the rows stored across all servers are exactly the rows trained (the default policy, push; with touch, the rows
   pulled or pushed), and pulled values before any update equal the initializer's function of (seed, key, row),
   whatever the number of servers and the pull order;
 - with rows given explicitly at init, training matches the stock server on every row;
 - a pull of a row beyond input_dim makes the worker fail loudly, the server logs it and stays up.
 """
-from pathlib import Path
-
 import numpy as np
 import pytest
 

@@ -30,7 +30,8 @@ def write_like(fh, named: dict) -> None:
         if value.stype == "row_sparse":
             data, ids = value.data.asnumpy(), value.indices.asnumpy()
             writer.row_sparse(name, value.shape, data.dtype, len(ids),
-                              (data[i:i + 2] for i in range(0, len(ids), 2)), (ids[i:i + 2] for i in range(0, len(ids), 2)))
+                              (data[i:i + 2] for i in range(0, len(ids), 2)),
+                              (ids[i:i + 2] for i in range(0, len(ids), 2)))
         else:
             flat = value.asnumpy().reshape(-1)
             writer.dense(name, value.shape, flat.dtype, (flat[i:i + 2] for i in range(0, len(flat), 2)))

@@ -1,4 +1,5 @@
-"""kvstore_lazy.node_lifecycle: bind vs advertise, the status file and ``--ready`` probe, the rejoin-or-register decision,
+"""kvstore_lazy.node_lifecycle: bind vs advertise, the status file and ``--ready`` probe, the rejoin-or-register
+decision,
 whose snapshot a server may load, and the ADD_NODE a rejoined server sends its workers. The last test runs real
 stock scheduler and workers on 127.0.0.1: two servers with a snapshot volume each, restarted with their ports
 swapped, so the scheduler's sort gives each the other's rank; both refuse, naming why."""

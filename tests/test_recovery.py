@@ -100,7 +100,8 @@ def test_resume_gate_drops_the_init_push_and_the_same_optimizer():
     assert gate.intercept(server.key_range, _command(w1, mx.CONTROLLER, b"OTHER", 2)) is None
     assert gate.intercept(server.key_range, _push(w1, 4, np.ones(3), 3)) is None   # not rank 0: a gradient
     assert not gate.optimizer_skip                                       # training began: optimizers apply again
-    replies = gate.intercept(server.key_range, _push(w0, 4, np.full(3, 9.0), 4))   # rank 0's kv.init of the restored key
+    # rank 0's kv.init of the restored key
+    replies = gate.intercept(server.key_range, _push(w0, 4, np.full(3, 9.0), 4))
     assert replies is not None and replies[0][1].meta.push and replies[0][1].meta.timestamp == 4
     assert gate.intercept(server.key_range, _push(w0, 4, np.ones(3), 5)) is None   # only the first one
     assert not gate.active

@@ -140,7 +140,8 @@ class TableMachine(RuleBasedStateMachine):
         self.changed.update(missing)
         assert slots.tolist() == self.slots_of(ids).tolist()
         assert self.table.row_ids()[slots].tolist() == ids
-        np.testing.assert_array_equal(self.table.weights(slots), np.array([self.model[i][0] for i in ids]).reshape(-1, ROW))
+        np.testing.assert_array_equal(self.table.weights(slots),
+                                      np.array([self.model[i][0] for i in ids]).reshape(-1, ROW))
 
     @rule(ids=unique_batch)
     def ensure(self, ids):

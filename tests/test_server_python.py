@@ -18,7 +18,6 @@ Skipped without KVSTORE_LAZY_SERVER_PYTHON.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys

@@ -66,7 +66,8 @@ def test_states_read_through_aliases_equal_the_table():
     assert server.bad_requests == 0
     call(server, w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))
     header = rows_of(call(server, w.rsp_pull(10, [0, 1], F64)), np.float64)
-    np.testing.assert_array_equal(header[0, :6], [3, 2, DIM, 1, 2, 2])   # rows, states, row size, kind, count, num_update
+    # rows, states, row size, kind, count, num_update
+    np.testing.assert_array_equal(header[0, :6], [3, 2, DIM, 1, 2, 2])
     np.testing.assert_array_equal(header[1, :4], [1, 5, 7, -1])
     flat = rows_of(call(server, w.rsp_pull(11, [0], F32)), np.float32)
     want = table_rows(server, KEY, [1, 5, 7])[1][1].reshape(-1)

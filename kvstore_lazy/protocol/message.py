@@ -10,6 +10,7 @@ uses to tell a new registration (ps-lite ``ZMQVan::GetNodeID``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,10 +50,10 @@ def identity_of(node_id: int) -> bytes:
 @dataclass
 class Message:
     meta: Meta
-    data: list[bytes] = field(default_factory=list)
+    data: Sequence[bytes | memoryview] = field(default_factory=list)   # large received frames stay memoryviews
     sender: int = EMPTY
 
-    def to_frames(self) -> list[bytes]:
+    def to_frames(self) -> list[bytes | memoryview]:
         """Frames for a DEALER send: meta first, then the data frames. ``meta.data_type`` must already list one
         type per data frame (ValueError otherwise); KVPairs.frames() returns both."""
         if len(self.meta.data_type) != len(self.data):
@@ -77,7 +78,7 @@ class KVPairs:
     """The data of a KV request or response: ``keys`` (uint64), ``vals`` (raw bytes), ``lens`` (int32, may be empty)."""
 
     keys: np.ndarray
-    vals: bytes
+    vals: bytes | memoryview      # a memoryview of a large received frame (no copy)
     lens: np.ndarray
 
     def frames(self) -> tuple[list[bytes], list[int]]:
@@ -96,7 +97,7 @@ _UINT64, _INT32 = np.dtype("<u8"), np.dtype("<i4")   # dtype objects: a dtype st
 _NO_LENS = np.frombuffer(b"", _INT32)                # read-only, like the lens of a received message
 
 
-def decode_kv(data: list) -> KVPairs:
+def decode_kv(data: Sequence[bytes | memoryview]) -> KVPairs:
     """Split a KV message's data frames (ps-lite KVServer::Process checks) into typed arrays."""
     if not data:
         return KVPairs(np.zeros(0, np.uint64), b"", np.zeros(0, np.int32))

@@ -62,7 +62,7 @@ def is_flat_state_key(key: int) -> bool:
 
 # mshadow type flags -> numpy dtypes (only the types MXNet's server switch admits, MSHADOW_REAL_TYPE_SWITCH,
 # plus the integer ones a default push may carry).
-MSHADOW_DTYPES = {
+MSHADOW_DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"), 1: np.dtype("<f8"), 2: np.dtype("<f2"), 3: np.dtype("u1"), 4: np.dtype("<i4"),
     5: np.dtype("i1"), 6: np.dtype("<i8"),
 }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from .errors import ProtocolError
 
@@ -71,7 +72,7 @@ class Meta:
     data_size: int = 0
     priority: int = 0
 
-    def replace(self, **changes) -> "Meta":
+    def replace(self, **changes: Any) -> "Meta":
         return dataclasses.replace(self, **changes)
 
 
@@ -172,7 +173,7 @@ def _skip_group(buf: bytes, pos: int, number: int) -> int:
     return pos
 
 
-def _fields(buf: bytes):
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """Yield (field number, wire type, value) for each field; value is an int or a bytes slice. Groups are skipped."""
     pos = 0
     while pos < len(buf):
@@ -193,7 +194,7 @@ _META_FIELDS = {1: _VARINT, 2: _LEN, 3: _LEN, 4: _VARINT, 5: _VARINT, 6: _VARINT
                 10: _VARINT, 11: _VARINT, 12: _VARINT, 13: _VARINT}
 
 
-def _known_fields(buf: bytes, schema: dict[int, int]):
+def _known_fields(buf: bytes, schema: dict[int, int]) -> Iterator[tuple[int, Any]]:
     for number, wire, value in _fields(buf):
         if schema.get(number) == wire:
             yield number, value
@@ -263,7 +264,8 @@ def decode_control(buf: bytes) -> Control:
 
 
 def _encode_meta_slow(meta: Meta) -> bytes:
-    """Reference encoder. Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
+    """Reference encoder. Serialize like Van::PackMeta: the same fields set, in field-number order (the order
+    protobuf writes)."""
     parts = [_field_int(1, meta.head)]
     if meta.body:
         parts.append(_field_bytes(2, meta.body))
@@ -285,7 +287,8 @@ def _encode_meta_slow(meta: Meta) -> bytes:
 
 
 def _decode_meta_slow(buf: bytes) -> Meta:
-    """Reference decoder. Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
+    """Reference decoder. Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise
+    ProtocolError."""
     meta = Meta(head=0, customer_id=0)
     control_parts: list[bytes] = []
     for number, wire, value in _fields(bytes(buf)):
@@ -354,7 +357,7 @@ def encode_meta(meta: Meta) -> bytes:
         control = meta.control
         if control.cmd != CMD_EMPTY:
             parts.append(_field_bytes(3, encode_control(control)))
-        x = meta.request
+        x: Any = meta.request   # any value a caller set: not a bool goes through _field_int
         parts.append(b"\x20\x01" if x is True else b"\x20\x00" if x is False else _field_int(4, x))
         x = meta.push
         parts.append(b"\x28\x01" if x is True else b"\x28\x00" if x is False else _field_int(5, x))
@@ -408,7 +411,7 @@ _META_DEFAULTS = {"head": 0, "body": b"", "control": None, "request": False, "pu
 assert list(_META_DEFAULTS) == [f.name for f in dataclasses.fields(Meta)]
 
 
-def _decode_meta_fast(buf: bytes):
+def _decode_meta_fast(buf: bytes) -> Meta | None:
     """The Meta of `buf`, or None if it is not in the common shape (then _decode_meta_slow decides)."""
     entries = _VARINT_ENTRY
     values = _META_DEFAULTS.copy()

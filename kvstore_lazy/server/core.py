@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TypeVar
 
 import numpy as np
 
@@ -58,6 +59,7 @@ def node_name(node_id: int) -> str:
 
 
 Key = DenseKey | RowSparseKey
+K = TypeVar("K", DenseKey, RowSparseKey)
 
 
 class KVServer:
@@ -231,7 +233,7 @@ class KVServer:
                 raise BadRequest(request.key, str(exc)) from None
         return self._dense_push(request, dtype, values)
 
-    def _key_of(self, request: DataRequest, kind: type) -> Key | None:
+    def _key_of(self, request: DataRequest, kind: type[K]) -> K | None:
         entry = self.keys.get(request.key)
         if entry is not None and not isinstance(entry, kind):
             what = "row_sparse" if kind is RowSparseKey else "dense"

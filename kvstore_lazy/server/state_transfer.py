@@ -19,6 +19,7 @@ import numpy as np
 from ..protocol import kv as wire
 from ..protocol import mxnet as mx
 from ..protocol.kv import BadRequest, DataRequest, RowsHeader
+from ..protocol.message import Message
 from .keys import DenseKey, RowSparseKey
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
@@ -106,7 +107,7 @@ class StateTransfer:
             return RowsHeader(entry.size, entry.num_states, 0, wire.KIND_DENSE, **counts)
         return RowsHeader(**counts)
 
-    def pull(self, request: DataRequest, key: int) -> tuple[int, object]:
+    def pull(self, request: DataRequest, key: int) -> tuple[int, Message]:
         queried, ids = self._listing(request, key)
         if key == mx.ROWS_HEADER_KEY:
             if request.dtype != np.float64:
@@ -152,7 +153,7 @@ class StateTransfer:
         padded[:n] = flat.reshape(-1)
         return padded.reshape(chunks, mx.ROWS_WIDTH)[request.local_ids]
 
-    def push(self, request: DataRequest, key: int) -> tuple[int, object]:
+    def push(self, request: DataRequest, key: int) -> tuple[int, Message]:
         """Restore through the virtual keys: ROWS_HEADER_KEY rows name the rows (of the key the last LAZY_ROWS
         command named) whose states the following FLAT_STATE_BASE + j pushes carry. Answered at once (no round)."""
         if len(request.local_ids) == 0:   # an (empty) kv.init of a virtual key, for string-key KVStores

@@ -75,6 +75,9 @@ class Arena:
     and scatter whole rows.
     """
 
+    array: np.ndarray       # rows as ``(capacity,) + row_shape`` of dtype (unbound while the mapping grows)
+    _rows: np.ndarray       # the same memory, one np.void item per row
+
     def __init__(self, row_shape: tuple[int, ...], dtype, capacity: int) -> None:
         self.row_shape = tuple(int(d) for d in row_shape)
         self.dtype = np.dtype(dtype)
@@ -103,7 +106,7 @@ class Arena:
         """Make room for ``capacity`` rows, keeping the first ``used``; rows past ``used`` must be zero (unwritten)."""
         if capacity <= self.capacity:
             return
-        self.array = self._rows = None
+        del self.array, self._rows      # no view of the mapping may stay for mremap
         try:
             self._map.resize(capacity * self.row_bytes)   # mremap: moves page tables, copies and touches nothing
         except (BufferError, OSError, SystemError, ValueError):  # a view escaped, or no mremap: copy the used rows
@@ -145,10 +148,10 @@ class Arena:
         self.array = self._rows.view(self.dtype).reshape((self.capacity,) + self.row_shape)
 
 
-def _shift(table: np.ndarray) -> np.uint64:
+def _shift(table: np.ndarray) -> int:
     """The home bucket of an id is the top bits of ``((id >> 31) ^ id) * MULT`` (see kernels): this many fewer than 64.
     A bucket in a smaller table is a prefix of the one in a larger table."""
-    return np.uint64(65 - len(table).bit_length())
+    return 65 - len(table).bit_length()
 
 
 class RowIndex:
@@ -509,7 +512,7 @@ def _benchmark(n: int = 10_000_000, batch: int = 8192, row_size: int = 32, num_s
     timed(f"RowIndex lookup, absent, at {len(index):,}", 200 * batch, lambda: [index.lookup(p) for p in absent])
     timed(f"RowIndex insert at {len(index):,} (no rehash)", 200 * batch, lambda: [index.insert(b) for b in absent])
     print(f"RowIndex bytes/row at {len(index):,}: {index.nbytes() / len(index):.1f}")
-    del index, present
+    index = present = None   # freed before the tables are built (a del would leave the lambdas above unbound)
 
     def make_rows(new_ids):
         return np.full((len(new_ids), row_size), 0.01, np.float32)

@@ -4,7 +4,8 @@ Plays two stock workers against one in-process :class:`KVServer` with the frames
 wire codec both ways): each step, both workers pull B Zipf-distributed distinct rows of a lazy (input_dim x D) key
 and push gradients for them (dist_sync, so the second push triggers the merge and the optimizer update). Prints the
 CPU time per step (pull + push of both workers) after a warm-up, which is repeatable on a shared machine where the
-end-to-end figures of ``make bench`` are not. Then the same for dense keys (both push, then both pull). For tuning the hot path; ``make bench`` holds the side-by-side tables.
+end-to-end figures of ``make bench`` are not. Then the same for dense keys (both push, then both pull). For tuning
+the hot path; ``make bench`` holds the side-by-side tables.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ Zipf ids, shared by its embedding and wide weight), all queued at once on the en
 mx.nd.waitall() returns. Ids and gradient arrays are built before the step's clock starts.
 
 Init (as make demo's model: embeddings Uniform(0.07), wide weights Zero): lazy servers get
-kvstore_lazy.worker.init_lazy; stock servers what a stock user sends (rank 0 the full weight, every row). Rank 0 reads the servers' CPU (/proc/<pid>/stat) after a barrier before and after the
-measured steps (the --warmup steps before them create most of the rows and are left out).
+kvstore_lazy.worker.init_lazy; stock servers what a stock user sends (rank 0 the full weight, every row). Rank 0
+reads the servers' CPU (/proc/<pid>/stat) after a barrier before and after the measured steps (the --warmup steps
+before them create most of the rows and are left out).
 
 Records (JSON lines in <out>.rank<r>.jsonl): config, step (per-step latencies, wall, server CPU), done.
 """

@@ -1,6 +1,4 @@
 """Shared bits of the worker scripts the integration tests run (each one a stock mxnet==1.9.1 worker)."""
-import os
-
 import numpy as np
 
 
