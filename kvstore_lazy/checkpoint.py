@@ -502,8 +502,9 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
     server = manifest.get("server", {})
     for seq, path in deltas:
         if seq != chain["seq"] + 1:
-            raise SnapshotError(f"{path}: delta {seq} follows {'the base' if chain['seq'] == 0 else 'delta %d' % chain['seq']}"
-                                f": delta {chain['seq'] + 1} is missing (a gap in the chain); refusing to load")
+            follows = "the base" if chain["seq"] == 0 else f"delta {chain['seq']}"
+            raise SnapshotError(f"{path}: delta {seq} follows {follows}: delta {chain['seq'] + 1} is missing (a gap "
+                                f"in the chain); refusing to load")
         delta_manifest, sha = _read_delta_manifest(path)
         if delta_manifest.get("chain") != chain["id"]:
             raise SnapshotError(f"{path}: a stale delta (of chain {delta_manifest.get('chain')!r}, the base starts "

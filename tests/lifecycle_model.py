@@ -87,7 +87,8 @@ class KeyModel:
             p = self.pending.setdefault(i, {"count": 0, "last": 0})
             p["count"] += 1
             p["last"] = self.round
-            if p["count"] >= self.min_count and (self.prob >= 1 or coin(self.seed, self.key, i, p["count"]) < self.prob):
+            admitted = self.prob >= 1 or coin(self.seed, self.key, i, p["count"]) < self.prob
+            if p["count"] >= self.min_count and admitted:
                 self.rows[i] = {"last": self.round, "count": p["count"]}
                 del self.pending[i]
                 self.admitted += not self.admits_at_once     # counted only where an admission policy decides

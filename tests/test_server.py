@@ -880,7 +880,8 @@ def test_row_ids_beyond_2_63_are_refused(loaded, caplog, rows):
         assert "beyond the int64 row ids" in reject(peer, caplog, w0.kv(RSP, keys, b"", push=False, pull=True), key)
     keys = [begin + 5] + [(begin + 5 + r) % 2 ** 64 for r in rows]
     vals = np.zeros((len(rows), 2), np.float32).tobytes()
-    assert "beyond the int64 row ids" in reject(peer, caplog, w0.kv(RSP, keys, vals, [0] + [8] * len(rows), push=True), 5)
+    push = w0.kv(RSP, keys, vals, [0] + [8] * len(rows), push=True)
+    assert "beyond the int64 row ids" in reject(peer, caplog, push, 5)
     assert all(r < 100 for r in row_ids(peer.server, 7))
 
 

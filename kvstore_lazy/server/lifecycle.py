@@ -57,6 +57,8 @@ an id seen again after it was forgotten starts over.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 import logging
 import math
@@ -197,19 +199,21 @@ class Settings:
                     fields[field] = Policy.CHECKS[field](number(name, text, kind))
                 except ValueError as exc:
                     raise ValueError(f"{name}: {exc}") from None
-        options = {}
+        options: dict[str, Any] = {}
         budget = env.get("KVSTORE_LAZY_MEMORY_BUDGET", "").strip()
         if budget:
             try:
                 options["memory_budget"] = parse_bytes(budget)
             except ValueError as exc:
                 raise ValueError(f"KVSTORE_LAZY_MEMORY_BUDGET: {exc}") from None
-        for option, name, kind in (("evict", "KVSTORE_LAZY_EVICT", str),
-                                   ("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
+        evict = env.get("KVSTORE_LAZY_EVICT", "").strip()
+        if evict:
+            options["evict"] = evict.lower()
+        for option, name, kind in (("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
                                    ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int)):
             text = env.get(name, "").strip()
             if text:
-                options[option] = text.lower() if kind is str else number(name, text, kind)
+                options[option] = number(name, text, kind)
         try:
             return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
         except ValueError as exc:
@@ -254,7 +258,7 @@ class RowPolicy:
     @property
     def columns(self) -> dict:
         """Per-row columns of the key's table: last push round, rounds pushed, and (ttl_seconds) last push time."""
-        columns = {"last": np.int32, "count": np.uint32}
+        columns: dict[str, type] = {"last": np.int32, "count": np.uint32}
         if self.policy.ttl_seconds:
             columns["stamp"] = np.float64
         return columns

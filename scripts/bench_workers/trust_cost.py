@@ -51,7 +51,7 @@ def main() -> None:
         gate.set_roster(roster, 8)
         assert gate.refusal(9, "127.0.0.1", request) is None
         rows.append((f"Gate.refusal, allow-list {allow or 'none'}",
-                     per_call(lambda: gate.refusal(9, "127.0.0.1", request))))
+                     per_call(lambda gate=gate: gate.refusal(9, "127.0.0.1", request))))
     width = max(len(name) for name, _ in rows)
     print(f"{'per received message':<{width}}  microseconds")
     for name, us in rows:
