@@ -380,6 +380,7 @@ class ServerNode:
         self._replaying = False
         self._peers: list[membership.Peer] = []
         self.status = lifecycle.StatusFile.from_env()   # KVSTORE_LAZY_STATUS_FILE, read by --ready probes
+        self._scheduler_grace = SCHEDULER_GRACE         # how long the scheduler's link may stay down (see rejoin)
         self._next_touch = 0.0
         # Prometheus metrics (KVSTORE_LAZY_METRICS_PORT): fed by this loop, served by their own HTTP thread
         self.metrics = Exporter(*config.metrics) if config.metrics is not None else None
@@ -498,6 +499,10 @@ class ServerNode:
                                    f"has {name}={record.get(name)!r}, this process {mine!r} (another job?)")
         self.my_id, rank = int(record["id"]), int(record["rank"])
         _set_label(rank)
+        # Rejoined at a new address (a re-created pod), the scheduler's ROUTER may refuse our connection until its
+        # stale one to the old address times out (ZeroMQ keeps the first connection under an identity): wait for the
+        # scheduler as long as for the final barrier's release before calling it dead.
+        self._scheduler_grace = FINAL_RELEASE_WAIT
         self.timestamp = _rejoin_timestamp()
         self.port = self._bind_again(cfg.bind or record["host"], int(record["port"]))
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
@@ -1077,12 +1082,15 @@ class ServerNode:
         where = f"the scheduler at {cfg.root_uri}:{cfg.root_port}"
         if membership.SCHEDULER_ID in self.van.dropped:
             raise SchedulerLost(f"{where} stopped reading: {self.van.dropped[membership.SCHEDULER_ID]}")
+        grace = self._scheduler_grace
         link = self.van.link(membership.SCHEDULER_ID)
         if link is not None and link.ever_up and not link.up:
             down = now - link.changed
-            if down > SCHEDULER_GRACE and (down > 5 * SCHEDULER_GRACE or not self.van.incoming()):
+            if down > grace and (down > 5 * grace or not self.van.incoming()):
                 raise SchedulerLost(f"lost {where}: its connection closed {down:.1f}s ago and did not come back")
         timeout, asked = cfg.scheduler_timeout, self._asked_scheduler
+        if timeout > 0:
+            timeout = max(timeout, grace)
         if timeout > 0 and asked is not None and now - asked > timeout and (
                 now - asked > 5 * timeout or not self.van.incoming()):
             raise SchedulerLost(f"lost {where}: no answer to heartbeats for {now - asked:.1f}s "
