@@ -192,22 +192,25 @@ _I32 = struct.Struct("<i")     # ps-lite's lens are int32
 _LEN_0 = _I32.pack(0)
 _MAX_LEN = (1 << 31) - 1
 
+def _response_meta(meta: Meta, data_type: list[int]) -> Meta:
+    """KVServer::Response's meta: head, timestamp, customer, push and pull echoed."""
+    return Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
+                push=meta.push, pull=meta.pull, data_type=data_type)
+
+
 def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Message]:
-    """KVServer::Response: echo head/timestamp/customer/push/pull; data only when there are keys."""
-    out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
-               push=meta.push, pull=meta.pull)
+    """KVServer::Response: data only when there are keys."""
     data: list[bytes] = []
+    data_type: list[int] = []
     if kv is not None:
-        data, out.data_type = kv.frames()
-    return sender, Message(out, data)
+        data, data_type = kv.frames()
+    return sender, Message(_response_meta(meta, data_type), data)
 
 
 def _values_reply(request: DataRequest, payload: bytes, lens: bytes) -> tuple[int, Message]:
     """reply() with the request's keys (at least one), `payload` and `lens` (int32 bytes, one per key): the frames
     KVPairs.frames() lays out, built directly (a pull's answer is the server's most frequent message)."""
-    meta = request.meta
-    out = Meta(head=meta.head, app_id=0, customer_id=meta.customer_id, timestamp=meta.timestamp, request=False,
-               push=meta.push, pull=meta.pull, data_type=[DT_UINT64, DT_OTHER, DT_INT32])
+    out = _response_meta(request.meta, [DT_UINT64, DT_OTHER, DT_INT32])
     return request.sender, Message(out, [request.keys.tobytes(), payload, lens])
 
 
