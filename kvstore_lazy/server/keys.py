@@ -339,9 +339,8 @@ class RowSparseKey:
 
     def pull(self, request: DataRequest, store: bool) -> bytes:
         """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
-        created, else they are computed and left absent."""
-        self.check_dtype(request.dtype, "pull")
-        self.check_rows(request.local_ids)
+        created, else they are computed and left absent. The caller has checked the request's dtype and rows
+        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check)."""
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
             store = False            # rows wait for admission: a pull never creates one
