@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .errors import ProtocolError
+from .fast import native
 
 EMPTY = 2147483647  # ps-lite's kEmpty = INT_MAX
 
@@ -336,8 +337,9 @@ def _decode_meta_slow(buf: bytes) -> Meta:
 # fast paths
 #
 # encode_meta/decode_meta are on the server's per-message path, so they have fast paths for the shapes ps-lite sends
-# (one-byte tags, small varints, no unknown fields). Anything else falls back to the reference implementations above,
-# which define the behaviour: the fast paths either produce exactly their result or hand over to them.
+# (one-byte tags, small varints, no unknown fields): first the compiled one (_fast.c), then one in Python. Anything
+# else falls back to the reference implementations above, which define the behaviour: the fast paths either produce
+# exactly their result or hand over to them.
 
 _VARINTS = tuple(_varint(i) for i in range(1 << 14))  # encodings of 0 .. 16383 (one or two bytes)
 _FALSE, _TRUE = b"\x00", b"\x01"
@@ -345,8 +347,19 @@ _FALSE, _TRUE = b"\x00", b"\x01"
 _new = object.__new__
 
 
+_native_encode, _native_decode = native.encode_meta, native.decode_meta
+
+
 def encode_meta(meta: Meta) -> bytes:
     """Serialize like Van::PackMeta: the same fields set, in field-number order (the order protobuf writes)."""
+    encoded = _native_encode(meta.__dict__)   # None: a body, a control command or unusual values
+    if encoded is not None:
+        return encoded
+    return _encode_meta_py(meta)
+
+
+def _encode_meta_py(meta: Meta) -> bytes:
+    """encode_meta's Python fast path (for what the compiled one hands back)."""
     try:
         V = _VARINTS
         head = meta.head
@@ -471,9 +484,7 @@ def _decode_meta_fast(buf: bytes) -> Meta | None:
         else:
             return None
     if control_parts is None:
-        control = _new(Control)
-        control.__dict__ = {"cmd": CMD_EMPTY, "nodes": [], "barrier_group": 0, "msg_sig": 0}
-        values["control"] = control
+        values["control"] = no_control()
     else:
         values["control"] = decode_control(control_parts[0] if len(control_parts) == 1 else b"".join(control_parts))
     meta = _new(Meta)
@@ -481,8 +492,30 @@ def _decode_meta_fast(buf: bytes) -> Meta | None:
     return meta
 
 
-def decode_meta(buf: bytes) -> Meta:
+def no_control() -> Control:
+    """A fresh Control of a data message (no command), as Control() but without its __init__."""
+    control = _new(Control)
+    control.__dict__ = {"cmd": CMD_EMPTY, "nodes": [], "barrier_group": 0, "msg_sig": 0}
+    return control
+
+
+def _decode_meta_native(buf: bytes | memoryview) -> Meta | None:
+    """The compiled decoder's Meta of `buf`, or None if it hands `buf` back (malformed, groups)."""
+    values = _native_decode(buf)
+    if values is None:
+        return None
+    control = values["control"]
+    values["control"] = no_control() if control is None else decode_control(control)
+    meta = _new(Meta)
+    meta.__dict__ = values
+    return meta
+
+
+def decode_meta(buf: bytes | memoryview) -> Meta:
     """Parse a PBMeta; unknown fields are skipped as protobuf does, malformed bytes raise ProtocolError."""
+    meta = _decode_meta_native(buf)
+    if meta is not None:
+        return meta
     if type(buf) is not bytes:
         buf = bytes(buf)
     try:

@@ -38,6 +38,7 @@ from ..protocol.kv import BadRequest, DataRequest
 from ..protocol.message import Message
 from ..protocol.pbmeta import EMPTY
 from .declaration import LazySpec
+from .fastpath import FastPath
 from .keys import DenseKey, RowSparseKey
 from .lifecycle import Lifecycle, Settings
 from .state_transfer import StateTransfer
@@ -82,6 +83,7 @@ class KVServer:
         self.poisoned: set[tuple[int, int]] = set()   # (worker node id, key) whose next pull must fail loudly
         self.stopped = False
         self.bad_requests = 0
+        self.fast = FastPath(self)
         self._commands = {
             mx.STOP_SERVER: self._stop, mx.SYNC_MODE: self._set_sync_mode,
             mx.CONTROLLER: lambda sender, body: self.set_optimizer(body),
@@ -98,6 +100,9 @@ class KVServer:
 
     def handle(self, msg: Message) -> list[tuple[int, Message]]:
         """Process one request; return (recipient node id, message) pairs to send, in order."""
+        answer = self.fast.answer(msg)   # a pull answered whole by the fast path (server/fastpath.py), or None
+        if answer is not None:
+            return answer
         if msg.sender == EMPTY:
             log.error("dropping a request from an unidentified node (no ps<id> identity): head %s", msg.meta.head)
             return []

@@ -355,6 +355,14 @@ class RowSparseKey:
                 rows[~present] = self.initial_rows(row_ids[~present])
         return rows.astype(self.dtype, copy=False).tobytes()
 
+    def resident_rows(self) -> tuple | None:
+        """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
+        pull whose rows are all in the table is a plain gather of them in the wire dtype (float32), else None; a
+        pull with any row not in the table always comes to :meth:`pull`."""
+        if self.dtype != np.float32 or self._table.dtype != np.float32:
+            return None
+        return self._table.probe_arrays(), self.row_offset, self.local_rows
+
     def use_master_copy(self) -> None:
         """kSetMultiPrecision: the rows move to a float32 table."""
         if self.dtype != np.float32 and self._table.dtype != np.float32:

@@ -296,6 +296,12 @@ class RowTable:
     def lookup(self, row_ids) -> np.ndarray:
         return self._index.lookup(row_ids)
 
+    def probe_arrays(self) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """(buckets, slot -> row id, home-bucket shift, weights) as they are now, for a compiled reader that probes
+        and gathers in one call (protocol/_fast.c gather_rows); stale after the next change of the table."""
+        index = self._index
+        return index._table, index._keys.array, _shift(index._table), self._arenas[0].array
+
     def ensure(self, row_ids, make_rows: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Slots of ``row_ids`` (unique), creating the absent rows: weights ``make_rows(missing_ids)``, zero states.
 

@@ -1,0 +1,421 @@
+/* The server's per-message fast path in C: a CPython extension module (kvstore_lazy.protocol._fast).
+
+Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
+groups), gathering a row_sparse pull's rows straight from a row table into its reply, and the counter-based
+uniform values of new rows. Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
+store/rows.py's RowIndex, initializers.py) or returns None, and the Python caller then takes its general path,
+which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
+Does not own: what a request means, which rows exist or how absent rows are made (server/keys.py).
+
+Built by setup.py beside store/_kernels.so with the limited API of CPython 3.11 (Py_LIMITED_API), so one build
+loads in every CPython >= 3.11 (the server wheel runs on 3.13); arrays come in through the buffer protocol (no numpy
+C API). The float flags of the kernels apply (-ffp-contract=off: no fused multiply-add), so the uniform values are
+the float64 operations initializers.py does, in the same order. */
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef FAST_DIGEST
+#error "build with -DFAST_DIGEST=\"<sha256 of this file>\" (setup.py does)"
+#endif
+
+#define EMPTY 2147483647  /* ps-lite's kEmpty */
+
+/* ---------------------------------------------------------------------------------------------------------------
+   PBMeta: field numbers 1..13 (meta.proto). Values of the scalar fields, in Meta's attribute names. */
+
+enum { F_HEAD = 1, F_BODY = 2, F_CONTROL = 3, F_REQUEST = 4, F_PUSH = 5, F_SIMPLE_APP = 6, F_APP_ID = 7,
+       F_TIMESTAMP = 8, F_DATA_TYPE = 9, F_CUSTOMER_ID = 10, F_DATA_SIZE = 11, F_PULL = 12, F_PRIORITY = 13 };
+
+static PyObject *NAMES[14];          /* interned attribute names by field number (NULL: not a scalar field) */
+static PyObject *S_CONTROL, *S_BODY, *S_DATA_TYPE, *S_CMD;
+
+static int is_bool_field(int number) {
+    return number == F_REQUEST || number == F_PUSH || number == F_SIMPLE_APP || number == F_PULL;
+}
+
+/* A varint at *pos (at most 10 bytes, bits past 64 dropped, as protobuf and pbmeta._read_varint); 0 if truncated or
+   longer. */
+static int read_varint(const unsigned char *buf, Py_ssize_t end, Py_ssize_t *pos, uint64_t *out) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (*pos >= end) return 0;
+        unsigned char byte = buf[(*pos)++];
+        if (shift < 64) result |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) { *out = result; return 1; }
+    }
+    return 0;
+}
+
+static int32_t int32_of(uint64_t v) { return (int32_t)(uint32_t)(v & 0xFFFFFFFFu); }
+
+/* decode_meta(buf) -> dict of Meta's fields ("control": None or the control bytes, all parts concatenated), or None
+   when the bytes are not in the shape this decoder takes (malformed, groups): then pbmeta's Python decoders decide. */
+static PyObject *decode_meta(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t end = view.len, pos = 0;
+    int64_t scalar[14];
+    int seen[14] = {0};
+    Py_ssize_t body_at = -1, body_len = 0;
+    Py_ssize_t control_at[8], control_len[8];
+    int controls = 0;
+    PyObject *data_type = PyList_New(0), *out = NULL, *control = NULL, *body = NULL;
+    if (data_type == NULL) goto done;
+    while (pos < end) {
+        uint64_t key, value;
+        if (!read_varint(buf, end, &pos, &key)) goto fallback;
+        uint64_t number = key >> 3;
+        int wire = (int)(key & 7);
+        if (number == 0) goto fallback;
+        if (wire == 0) {
+            if (!read_varint(buf, end, &pos, &value)) goto fallback;
+            if (number == F_DATA_TYPE) {
+                PyObject *item = PyLong_FromLong(int32_of(value));
+                if (item == NULL || PyList_Append(data_type, item) < 0) { Py_XDECREF(item); goto error; }
+                Py_DECREF(item);
+            } else if (number <= 13 && NAMES[number] != NULL) {
+                scalar[number] = is_bool_field((int)number) ? (value != 0) : int32_of(value);
+                seen[number] = 1;
+            }
+        } else if (wire == 2) {
+            uint64_t size;
+            if (!read_varint(buf, end, &pos, &size) || size > (uint64_t)(end - pos)) goto fallback;
+            Py_ssize_t at = pos;
+            pos += (Py_ssize_t)size;
+            if (number == F_BODY) {
+                body_at = at, body_len = (Py_ssize_t)size;
+            } else if (number == F_CONTROL) {
+                if (controls == 8) goto fallback;
+                control_at[controls] = at, control_len[controls] = (Py_ssize_t)size, controls++;
+            } else if (number == F_DATA_TYPE) {    /* packed */
+                Py_ssize_t p = at;
+                while (p < pos) {
+                    if (!read_varint(buf, pos, &p, &value)) goto fallback;
+                    PyObject *item = PyLong_FromLong(int32_of(value));
+                    if (item == NULL || PyList_Append(data_type, item) < 0) { Py_XDECREF(item); goto error; }
+                    Py_DECREF(item);
+                }
+            }
+        } else if (wire == 1 || wire == 5) {       /* fixed64 / fixed32: no PBMeta field has them: skipped */
+            Py_ssize_t size = wire == 1 ? 8 : 4;
+            if (end - pos < size) goto fallback;
+            pos += size;
+        } else {
+            goto fallback;                          /* groups (3, 4) and invalid wire types */
+        }
+    }
+    out = PyDict_New();
+    if (out == NULL) goto error;
+    /* in Meta's field order (the dataclass's __dict__ order): head body control request push pull simple_app app_id
+       timestamp data_type customer_id data_size priority */
+    static const int order[] = {F_HEAD, F_BODY, F_CONTROL, F_REQUEST, F_PUSH, F_PULL, F_SIMPLE_APP, F_APP_ID,
+                                F_TIMESTAMP, F_DATA_TYPE, F_CUSTOMER_ID, F_DATA_SIZE, F_PRIORITY};
+    for (int i = 0; i < 13; i++) {
+        int number = order[i];
+        PyObject *value;
+        if (number == F_BODY) {
+            value = body = PyBytes_FromStringAndSize(body_at >= 0 ? (const char *)buf + body_at : "", body_len);
+            if (value == NULL || PyDict_SetItem(out, S_BODY, value) < 0) goto error;
+            continue;
+        }
+        if (number == F_CONTROL) {
+            if (controls == 0) {
+                if (PyDict_SetItem(out, S_CONTROL, Py_None) < 0) goto error;
+                continue;
+            }
+            Py_ssize_t total = 0;
+            for (int c = 0; c < controls; c++) total += control_len[c];
+            control = PyBytes_FromStringAndSize(NULL, total);
+            if (control == NULL) goto error;
+            char *dst = PyBytes_AsString(control);
+            for (int c = 0; c < controls; c++) {
+                memcpy(dst, buf + control_at[c], (size_t)control_len[c]);
+                dst += control_len[c];
+            }
+            if (PyDict_SetItem(out, S_CONTROL, control) < 0) goto error;
+            continue;
+        }
+        if (number == F_DATA_TYPE) {
+            if (PyDict_SetItem(out, S_DATA_TYPE, data_type) < 0) goto error;
+            continue;
+        }
+        int64_t v = seen[number] ? scalar[number]
+                  : (number == F_APP_ID || number == F_TIMESTAMP) ? EMPTY : 0;
+        value = is_bool_field(number) ? PyBool_FromLong((long)v) : PyLong_FromLongLong(v);
+        if (value == NULL) goto error;
+        int failed = PyDict_SetItem(out, NAMES[number], value) < 0;
+        Py_DECREF(value);
+        if (failed) goto error;
+    }
+    goto done;
+fallback:
+    Py_XDECREF(out);
+    out = Py_None;
+    Py_INCREF(out);
+    goto done;
+error:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(data_type);
+    Py_XDECREF(control);
+    Py_XDECREF(body);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* ---- encoding */
+
+typedef struct { unsigned char *p; } Writer;
+
+static void put_varint(Writer *w, uint64_t v) {
+    while (v >= 0x80) { *w->p++ = (unsigned char)(v | 0x80); v >>= 7; }
+    *w->p++ = (unsigned char)v;
+}
+
+/* An int or bool attribute as int64 (proto2 writes a negative int32/int64 sign-extended to 64 bits); 0 if it is
+   anything else or out of range (then the Python encoder decides). */
+static int int_value(PyObject *v, int64_t *out) {
+    if (v == NULL || !PyLong_Check(v)) return 0;    /* bool is a subclass of int */
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    *out = x;
+    return 1;
+}
+
+static int field_value(PyObject *dict, int number, int64_t *out) {
+    return int_value(PyDict_GetItemWithError(dict, NAMES[number]), out);
+}
+
+/* encode_meta(meta.__dict__) -> the bytes Van::PackMeta writes, or None for what the Python encoder handles (a body,
+   a control command, values that are not plain ints). Fields as pbmeta._encode_meta_slow writes them. */
+static PyObject *encode_meta(PyObject *self, PyObject *dict) {
+    if (!PyDict_Check(dict)) { PyErr_SetString(PyExc_TypeError, "encode_meta takes a Meta's __dict__"); return NULL; }
+    PyObject *body = PyDict_GetItemWithError(dict, S_BODY);
+    if (body == NULL || !PyBytes_Check(body) || PyBytes_Size(body) != 0) goto fallback;
+    PyObject *control = PyDict_GetItemWithError(dict, S_CONTROL);
+    if (control == NULL) goto fallback;
+    PyObject *cmd = PyObject_GetAttr(control, S_CMD);
+    int64_t cmd_value;
+    int plain = int_value(cmd, &cmd_value);
+    Py_XDECREF(cmd);
+    if (!plain || cmd_value != 0) { PyErr_Clear(); goto fallback; }
+    PyObject *data_type = PyDict_GetItemWithError(dict, S_DATA_TYPE);
+    if (data_type == NULL || !PyList_CheckExact(data_type) || PyList_Size(data_type) > 64) goto fallback;
+    Py_ssize_t ntypes = PyList_Size(data_type);
+    int64_t v[14];
+    static const int scalars[] = {F_HEAD, F_REQUEST, F_PUSH, F_SIMPLE_APP, F_APP_ID, F_TIMESTAMP, F_CUSTOMER_ID,
+                                  F_DATA_SIZE, F_PULL, F_PRIORITY};
+    for (int i = 0; i < 10; i++)
+        if (!field_value(dict, scalars[i], &v[scalars[i]])) goto fallback;
+    unsigned char out[16 * 11 + 64 * 10 + 8];
+    unsigned char packed[64 * 10];
+    Writer w = {out}, pw = {packed};
+    for (Py_ssize_t i = 0; i < ntypes; i++) {
+        int64_t t;
+        if (!int_value(PyList_GetItem(data_type, i), &t)) goto fallback;
+        put_varint(&pw, (uint64_t)t);
+    }
+    *w.p++ = 0x08; put_varint(&w, (uint64_t)v[F_HEAD]);
+    *w.p++ = 0x20; put_varint(&w, (uint64_t)v[F_REQUEST]);
+    *w.p++ = 0x28; put_varint(&w, (uint64_t)v[F_PUSH]);
+    *w.p++ = 0x30; put_varint(&w, (uint64_t)v[F_SIMPLE_APP]);
+    if (v[F_APP_ID] != EMPTY) { *w.p++ = 0x38; put_varint(&w, (uint64_t)v[F_APP_ID]); }
+    if (v[F_TIMESTAMP] != EMPTY) { *w.p++ = 0x40; put_varint(&w, (uint64_t)v[F_TIMESTAMP]); }
+    if (ntypes) {
+        *w.p++ = 0x4A;
+        put_varint(&w, (uint64_t)(pw.p - packed));
+        memcpy(w.p, packed, (size_t)(pw.p - packed));
+        w.p += pw.p - packed;
+    }
+    *w.p++ = 0x50; put_varint(&w, (uint64_t)v[F_CUSTOMER_ID]);
+    if (v[F_DATA_SIZE]) { *w.p++ = 0x58; put_varint(&w, (uint64_t)v[F_DATA_SIZE]); }
+    *w.p++ = 0x60; put_varint(&w, (uint64_t)v[F_PULL]);
+    *w.p++ = 0x68; put_varint(&w, (uint64_t)v[F_PRIORITY]);
+    return PyBytes_FromStringAndSize((const char *)out, w.p - out);
+fallback:
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes) -> (payload, lens) or None
+
+   A row_sparse pull answered from the rows in memory: `keys` is the request's keys frame (uint64 little-endian:
+   the master key, then one key per row), `table`/`slot_ids`/`shift` a RowIndex's buckets (int32 or int64, -1
+   empty), slot -> row id array and home-bucket shift, `weights` the weight arena (row `slot` at slot * row_bytes).
+   The row keys must be strictly increasing from the master key on with local ids below `local_rows` (what a worker
+   sends) and every row present; otherwise None, and the general path decides (a missing row is server/keys.py's
+   business). `payload` is the rows in request order, `lens` the reply's int32 lens: 0 for the master key, then
+   the row size in elements (row_bytes / 4: the caller serves float32 keys only). */
+
+#define MULT 0xBF58476D1CE4E5B9ULL   /* RowIndex's hash (store/kernels.c home()): tests compare the two */
+
+static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 arguments"); return NULL; }
+    unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long row_offset = PyLong_AsUnsignedLongLong(args[5]);
+    long long local_rows = PyLong_AsLongLong(args[6]);
+    Py_ssize_t row_bytes = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (shift < 1 || shift > 63 || row_bytes <= 0 || row_bytes % 4) {
+        PyErr_SetString(PyExc_ValueError, "gather_rows: bad shift or row size");
+        return NULL;
+    }
+    Py_buffer keys, table, ids, weights;
+    PyObject *result = NULL, *payload = NULL, *lens = NULL;
+    int got = 0;
+    if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) return NULL;
+    got = 1;
+    if (PyObject_GetBuffer(args[1], &table, PyBUF_SIMPLE) < 0) goto release;
+    got = 2;
+    if (PyObject_GetBuffer(args[2], &ids, PyBUF_SIMPLE) < 0) goto release;
+    got = 3;
+    if (PyObject_GetBuffer(args[4], &weights, PyBUF_SIMPLE) < 0) goto release;
+    got = 4;
+    Py_ssize_t nkeys = keys.len / 8, nbuckets = table.len / (table.itemsize == 8 ? 8 : 4);
+    Py_ssize_t nslots = ids.len / 8;
+    if (keys.len % 8 || nkeys < 2 || (table.itemsize != 4 && table.itemsize != 8) || (nbuckets & (nbuckets - 1)) || nbuckets < 2
+            || (64 - shift) != (unsigned)__builtin_ctzll((unsigned long long)nbuckets)) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto release;
+    }
+    const unsigned char *kb = keys.buf;
+    uint64_t raw[1];
+    memcpy(raw, kb, 8);
+    uint64_t master = raw[0], previous = 0;
+    Py_ssize_t nrows = nkeys - 1;
+    payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
+    if (payload == NULL) goto release;
+    char *dst = PyBytes_AsString(payload);
+    const uint64_t *slot_ids = ids.buf;
+    const char *rows = weights.buf;
+    int wide = table.itemsize == 8;
+    uint64_t mask = (uint64_t)nbuckets - 1;
+    for (Py_ssize_t i = 0; i < nrows; i++) {
+        uint64_t key;
+        memcpy(&key, kb + 8 * (i + 1), 8);
+        if (key < master || (i && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
+        previous = key;
+        uint64_t row_id = key - master + row_offset;
+        uint64_t pos = (((row_id >> 31) ^ row_id) * MULT) >> shift;
+        int64_t slot;
+        for (;;) {
+            slot = wide ? ((const int64_t *)table.buf)[pos] : ((const int32_t *)table.buf)[pos];
+            if (slot < 0) goto fallback;
+            if (slot < nslots && slot_ids[slot] == row_id) break;
+            pos = (pos + 1) & mask;
+        }
+        if ((slot + 1) * row_bytes > weights.len) goto fallback;
+        memcpy(dst + i * row_bytes, rows + slot * row_bytes, (size_t)row_bytes);
+    }
+    lens = PyBytes_FromStringAndSize(NULL, nkeys * 4);
+    if (lens == NULL) goto release;
+    int32_t *len_out = (int32_t *)PyBytes_AsString(lens), elems = (int32_t)(row_bytes / 4);
+    len_out[0] = 0;
+    for (Py_ssize_t i = 1; i < nkeys; i++) memcpy(len_out + i, &elems, 4);
+    result = PyTuple_New(2);
+    if (result == NULL) goto release;
+    PyTuple_SetItem(result, 0, payload);
+    PyTuple_SetItem(result, 1, lens);
+    payload = lens = NULL;
+    goto release;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+release:
+    Py_XDECREF(payload);
+    Py_XDECREF(lens);
+    if (got >= 4) PyBuffer_Release(&weights);
+    if (got >= 3) PyBuffer_Release(&ids);
+    if (got >= 2) PyBuffer_Release(&table);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   uniform_rows(out, row_ids, key_state, span, low, itemsize): for every row r (uint64 row_ids) and column c of the
+   (len(row_ids), ncols) float32 (itemsize 4) or float64 (8) `out`, in float64: u = (bits(r, c) >> 11) * 2**-53,
+   then u * span, then + low, cast to out's type (initializers.UniformRows; uniform01 is span 1, low 0). key_state
+   is absorb(absorb(0, seed), key), so state(r) = mix64((r ^ key_state) + GAMMA), bits = mix64(state + (c+1) GAMMA). */
+
+#define GAMMA 0x9E3779B97F4A7C15ULL
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static PyObject *uniform_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "uniform_rows takes 6 arguments"); return NULL; }
+    uint64_t key_state = PyLong_AsUnsignedLongLong(args[2]);
+    double span = PyFloat_AsDouble(args[3]), low = PyFloat_AsDouble(args[4]);
+    Py_ssize_t itemsize = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (itemsize != 4 && itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "uniform_rows writes float32 or float64");
+        return NULL;
+    }
+    Py_buffer out, ids;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &ids, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&out); return NULL; }
+    Py_ssize_t nrows = ids.len / 8;
+    if (ids.len % 8 || (nrows == 0 ? out.len != 0 : out.len % (nrows * itemsize))) {
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&ids);
+        PyErr_SetString(PyExc_ValueError, "uniform_rows: out is not len(row_ids) rows of whole values");
+        return NULL;
+    }
+    Py_ssize_t ncols = nrows ? out.len / (nrows * itemsize) : 0;
+    const unsigned char *idb = ids.buf;
+    for (Py_ssize_t i = 0; i < nrows; i++) {
+        uint64_t r;
+        memcpy(&r, idb + 8 * i, 8);
+        uint64_t state = mix64((r ^ key_state) + GAMMA);
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            uint64_t bits = mix64(state + (uint64_t)(c + 1) * GAMMA);
+            double u = (double)(int64_t)(bits >> 11) * 0x1p-53;
+            u = u * span;
+            u = u + low;
+            if (itemsize == 4) ((float *)out.buf)[i * ncols + c] = (float)u;
+            else ((double *)out.buf)[i * ncols + c] = u;
+        }
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&ids);
+    Py_RETURN_NONE;
+}
+
+static PyObject *digest(PyObject *self, PyObject *unused) { return PyUnicode_FromString(FAST_DIGEST); }
+
+static PyMethodDef methods[] = {
+    {"decode_meta", decode_meta, METH_O, "A PBMeta's fields as a dict, or None (see pbmeta.decode_meta)."},
+    {"encode_meta", encode_meta, METH_O, "A Meta's __dict__ as PBMeta bytes, or None (see pbmeta.encode_meta)."},
+    {"gather_rows", (PyCFunction)(void (*)(void))gather_rows, METH_FASTCALL,
+     "A row_sparse pull's (payload, lens) from a row table, or None."},
+    {"uniform_rows", (PyCFunction)(void (*)(void))uniform_rows, METH_FASTCALL,
+     "Counter-based uniform initial values of rows."},
+    {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    static const char *names[14] = {NULL, "head", NULL, NULL, "request", "push", "simple_app", "app_id",
+                                    "timestamp", NULL, "customer_id", "data_size", "pull", "priority"};
+    for (int i = 0; i < 14; i++)
+        if (names[i] != NULL && (NAMES[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    if ((S_CONTROL = PyUnicode_InternFromString("control")) == NULL
+            || (S_BODY = PyUnicode_InternFromString("body")) == NULL
+            || (S_DATA_TYPE = PyUnicode_InternFromString("data_type")) == NULL
+            || (S_CMD = PyUnicode_InternFromString("cmd")) == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

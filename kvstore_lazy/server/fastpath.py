@@ -1,0 +1,93 @@
+"""The fast path for the server's most frequent requests: a pull answered whole in one pass, with no DataRequest.
+
+Owns: recognising a plain pull (a dense key's value, or row_sparse rows that are all in the key's table) straight
+from its decoded meta and raw key frame, and answering it with the same bytes :class:`~kvstore_lazy.server.core.
+KVServer`'s general path would send. A row_sparse pull's rows are checked, probed and gathered into the reply in one
+compiled call (``protocol/_fast.c`` ``gather_rows``).
+Does not own: anything else. Whatever it does not take whole (a push, a command, an unusual frame layout, a key
+range, alias, dtype or poison case, unsorted or out-of-range row ids, a row not in memory: new, pending admission or
+elsewhere) it hands back (None) before changing anything, and the general path decides, logs and answers; absent
+rows are only ever made by ``server.keys``.
+
+Every check of the general path that can refuse such a pull is repeated here as a condition for taking it
+(``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``), so a pull that would be
+refused never gets a fast answer; tests/test_fastpath.py compares both paths' replies byte for byte.
+"""
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from ..protocol import kv as wire
+from ..protocol import mxnet as mx
+from ..protocol.fast import native
+from ..protocol.kv import MAX_ROW_ID
+from ..protocol.message import Message
+from ..protocol.pbmeta import EMPTY
+from .keys import DenseKey, RowSparseKey
+
+if TYPE_CHECKING:
+    from .core import KVServer
+
+_ROWS_F32 = mx.command_code(mx.ROW_SPARSE, mx.FLOAT32)
+_DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW_DTYPES.items()}
+_I32 = struct.Struct("<i")
+_MAX_LEN = (1 << 31) - 1
+_gather_rows = native.gather_rows
+
+
+class FastPath:
+    def __init__(self, server: "KVServer") -> None:
+        self.server = server
+        self.begin = server.key_range.begin
+        self.span = server.key_range.end - server.key_range.begin
+        self.answered = 0          # pulls answered here (tests, profiles)
+
+    def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
+        """The replies to `msg` if it is a pull this path answers whole, else None (nothing was changed)."""
+        meta = msg.meta
+        if meta.pull is not True or meta.push is not False or meta.request is not True or meta.simple_app \
+                or msg.sender == EMPTY:
+            return None
+        data = msg.data
+        if len(data) == 3:
+            if len(data[2]) != len(data[0]) // 2:   # decode_kv: one int32 len per uint64 key
+                return None
+        elif len(data) != 2:
+            return None
+        raw = data[0]
+        if len(raw) % 8 or not raw:
+            return None
+        key = int.from_bytes(raw[:8], "little") - self.begin
+        server = self.server
+        if not 0 <= key < self.span or server.poisoned:
+            return None
+        head = meta.head
+        if head == _ROWS_F32:
+            if len(raw) == 8 or key in server.transfer.aliases or mx.is_virtual_key(key):
+                return None
+            entry = server.keys.get(key)
+            if type(entry) is not RowSparseKey:
+                return None
+            resident = entry.resident_rows()
+            if resident is None:
+                return None
+            (table, slot_ids, shift, weights), row_offset, local_rows = resident
+            got = _gather_rows(raw, table, slot_ids, shift, weights, row_offset, min(local_rows, MAX_ROW_ID + 1),
+                               4 * entry.row_size)
+            if got is None:
+                return None
+            payload, lens = got
+        else:
+            dtype = _DENSE.get(head)
+            if dtype is None or len(raw) != 8:
+                return None
+            entry = server.keys.get(key)
+            if type(entry) is not DenseKey or entry.dtype != dtype:
+                return None
+            payload = entry.pull(dtype)
+            if len(payload) > _MAX_LEN:
+                return None
+            lens = _I32.pack(len(payload))
+        self.answered += 1
+        return [wire.pull_answer(msg.sender, meta, raw if type(raw) is bytes else bytes(raw), payload, lens)]
