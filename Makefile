@@ -3,7 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# the compiled kernels, built in place by the editable install (setup.py); rebuilt when kernels.c changes
+# the compiled kernels and fast path (_fast.so beside protocol/_fast.c), built in place by the editable install
+# (setup.py); rebuilt when kernels.c or _fast.c changes
 KERNELS := kvstore_lazy/store/_kernels.so
 # matplotlib for the benchmark plots (the [bench] extra), pinned; numpy held at requirements.txt's pin
 BENCH_STAMP := $(VENV)/.bench-installed
@@ -24,7 +25,7 @@ $(STAMP): requirements.txt pyproject.toml setup.py
 	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
 	touch $(STAMP)
 
-$(KERNELS): kvstore_lazy/store/kernels.c $(STAMP)
+$(KERNELS): kvstore_lazy/store/kernels.c kvstore_lazy/protocol/_fast.c $(STAMP)
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m kvstore_lazy.store.kernels
 	touch $(KERNELS)
