@@ -25,10 +25,12 @@ import numpy as np
 
 from . import mxnet as mx
 from .errors import ProtocolError
+from .fast import native
 from .message import KVPairs, Message, decode_kv
 from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta, no_control
 
 MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
+_sorted_rows, _row_lens = native.sorted_rows, native.row_lens
 
 
 class BadRequest(Exception):
@@ -141,10 +143,10 @@ def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
     raw = kv.keys
     master = int(raw[0])
     key = keys.decode(master)
-    if len(raw) > 1 and int(raw[1]) >= master and int(raw[-1]) - master <= MAX_ROW_ID \
-            and np.count_nonzero(raw[2:] > raw[1:-1]) == len(raw) - 2:
-        # what a worker sends: row keys strictly increasing from the master key on, so every check below passes
-        # (none below the master, the largest row id the last, sorted and unique) and no id wraps into int64
+    if _sorted_rows(raw):
+        # what a worker sends (one compiled pass): row keys strictly increasing from the master key on, the last at
+        # most MAX_ROW_ID past it, so every check below passes (none below the master, the largest row id the last,
+        # sorted and unique) and no id wraps into int64
         local_ids = (raw[1:] - raw[0]).view(np.int64)
     else:
         if np.any(raw[1:] < raw[0]):
@@ -175,8 +177,9 @@ def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
     row_size = row_bytes // dtype.itemsize
     if extra or row_bytes == 0 or row_bytes % dtype.itemsize:
         raise BadRequest(key, f"{len(kv.vals)} value bytes are not {num_rows} rows of whole {dtype.name} values")
-    lens = kv.lens[1:]
-    if np.count_nonzero((lens != row_bytes) & (lens != row_size)):
+    # _row_lens: one compiled pass over what a worker sends; the numpy check only when it fails
+    if not _row_lens(kv.lens, row_bytes, row_size) and np.count_nonzero((kv.lens[1:] != row_bytes)
+                                                                         & (kv.lens[1:] != row_size)):
         raise BadRequest(key, f"row lens must each be a row's bytes ({row_bytes}) or elements ({row_size}), got "
                               f"lens {kv.lens[:8].tolist()} for {len(kv.keys)} keys, {len(kv.vals)} value bytes")
     return np.frombuffer(kv.vals, dtype=dtype).reshape(num_rows, row_size)
