@@ -485,8 +485,11 @@ metas = st.builds(
 def test_meta_round_trip(meta):
     encoded = encode_meta(meta)
     assert encoded == pbmeta._encode_meta_slow(meta)   # the fast encoder writes the reference bytes
+    assert pbmeta._encode_meta_py(meta) == encoded      # so do both of its halves (the compiled one, or None)
+    assert pbmeta._native_encode(meta.__dict__) in (None, encoded)
     decoded = decode_meta(encoded)
     assert decoded == meta
+    assert pbmeta._decode_meta_native(encoded) in (None, meta)
     assert encode_meta(decoded) == encoded
 
 
@@ -801,7 +804,11 @@ def test_fuzz_decode_meta(data):
     except (ProtocolError, IndexError):
         fast = None
     assert fast is None or fast == meta
+    native = pbmeta._decode_meta_native(data)   # the compiled decoder: the reference's Meta, or None
+    assert native is None or native == meta
+    assert pbmeta._decode_meta_native(memoryview(data)) == native   # any buffer, as a received frame
     assert encode_meta(meta) == pbmeta._encode_meta_slow(meta)
+    assert pbmeta._native_encode(meta.__dict__) in (None, pbmeta._encode_meta_slow(meta))
     # whatever decodes can be encoded again, and that encoding decodes
     decode_meta(encode_meta(meta))
 

@@ -1,0 +1,128 @@
+"""protocol/_fast.c against the Python it must agree with: RowIndex probing, the initializers' uniform values, the
+row_sparse layout checks, and the loader's refusal of a stale build. (The PBMeta codec's C half is compared with
+the reference codec in tests/test_protocol.py, beside the Python fast path.)"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvstore_lazy.initializers as ki
+from kvstore_lazy.protocol import fast
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.store.rows import RowTable
+
+uint64 = st.integers(0, (1 << 64) - 1)
+
+
+def table_of(ids, cols: int = 3, wide: bool = False) -> RowTable:
+    table = RowTable(cols, np.float32)
+    table.ensure(np.asarray(ids, np.uint64), lambda new: np.random.default_rng(0).standard_normal(
+        (len(new), cols)).astype(np.float32))
+    if wide:   # int64 buckets (tables that may hold 2**31 rows): the same probe over 8-byte slots
+        table._index._table = table._index._table.astype(np.int64)
+    return table
+
+
+def gather(table: RowTable, keys, row_offset: int = 0, local_rows: int = 1 << 62):
+    frame = np.asarray(keys, np.uint64).tobytes()
+    buckets, slot_ids, shift, weights = table.probe_arrays()
+    return native.gather_rows(frame, buckets, slot_ids, shift, weights, row_offset, local_rows, 4 * weights.shape[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(stored=st.sets(uint64, min_size=1, max_size=400), master=st.integers(0, 1 << 40), offset=uint64,
+       wide=st.booleans(), data=st.data())
+def test_gather_rows_is_lookup_then_take(stored, master, offset, wide, data):
+    """Row keys master + local id, row id local id + offset (mod 2**64, as RowSparseKey.row_ids_of)."""
+    table = table_of(sorted(stored), wide=wide)
+    local = sorted({(row_id - offset) % (1 << 64) for row_id in data.draw(st.lists(st.sampled_from(sorted(stored)),
+                                                                                 min_size=1, max_size=50))})
+    local = [i for i in local if master + i < 1 << 64 and i < 1 << 62]   # what gather's local_rows allows
+    if not local:
+        return
+    got = gather(table, [master] + [master + i for i in local], offset)
+    row_ids = (np.array(local, np.uint64) + np.uint64(offset))
+    slots = table.lookup(row_ids)
+    assert (slots >= 0).all()
+    payload, lens = got
+    assert payload == table.weights(slots).tobytes()
+    assert lens == np.array([0] + [3] * len(local), np.int32).tobytes()
+
+
+def test_gather_rows_hands_back_what_it_does_not_take():
+    table = table_of([3, 10, 11, 500])
+    assert gather(table, [100, 103, 110])[0] == table.weights(table.lookup([3, 10])).tobytes()
+    assert gather(table, [100, 103, 104]) is None             # row 4 is not in the table
+    assert gather(table, [100, 110, 103]) is None             # unsorted
+    assert gather(table, [100, 103, 103]) is None             # duplicate
+    assert gather(table, [100, 99]) is None                   # a row key below its master
+    assert gather(table, [100]) is None                       # no rows
+    assert gather(table, [100, 103, 600], local_rows=500) is None   # beyond the rows this server holds
+    assert gather(table, [100, 103, 600], local_rows=501) is not None
+    buckets, slot_ids, shift, weights = table.probe_arrays()
+    assert native.gather_rows(b"\0" * 12, buckets, slot_ids, shift, weights, 0, 10, 12) is None  # not whole keys
+    with pytest.raises(ValueError):
+        native.gather_rows(b"\0" * 16, buckets, slot_ids, 0, weights, 0, 10, 12)
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(-(1 << 70), 1 << 70), key=st.integers(0, 1 << 40),
+       ids=st.lists(uint64, max_size=40), cols=st.integers(1, 40),
+       init=st.sampled_from(['["uniform", {"scale": 0.07}]', '["uniform", {"scale": 3.5}]', '["normal", {}]',
+                             '["normal", {"sigma": 2.0}]', '["xavier", {"magnitude": 2.0}]',
+                             '["xavier", {"rnd_type": "gaussian"}]']),
+       dtype=st.sampled_from([np.float32, np.float64, np.float16]))
+def test_compiled_uniform_values_are_the_numpy_ones(seed, key, ids, cols, init, dtype):
+    initializer = ki.parse_initializer(init)
+    if isinstance(initializer, ki.XavierRows):
+        s = initializer.scale((1 << 20, cols))
+        initializer = ki.UniformRows(-s, s) if initializer.rnd_type == "uniform" else ki.NormalRows(s)
+    row_ids = np.array(ids, np.uint64)
+    compiled, reference = (np.empty((len(ids), cols), dtype) for _ in range(2))
+    initializer._fill(seed, key, row_ids, (1 << 20, cols), compiled)
+    initializer._fill_numpy(seed, key, row_ids, (1 << 20, cols), reference)
+    assert compiled.tobytes() == reference.tobytes()
+
+
+def test_uniform_rows_refuses_a_wrong_buffer():
+    with pytest.raises(ValueError):
+        native.uniform_rows(np.empty(5, np.float32), np.zeros(2, np.uint64), 0, 1.0, 0.0, 4)   # not 2 whole rows
+    with pytest.raises(ValueError):
+        native.uniform_rows(np.empty((3, 2), np.float16), np.zeros(3, np.uint64), 0, 1.0, 0.0, 2)
+    with pytest.raises((BufferError, ValueError)):    # read-only
+        native.uniform_rows(np.frombuffer(bytes(24), np.float32), np.zeros(3, np.uint64), 0, 1.0, 0.0, 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(uint64, max_size=12) | st.lists(st.integers(0, 20), max_size=8).map(
+    lambda d: [1 << 40] + [(1 << 40) + x for x in np.cumsum(d).tolist()]))
+def test_sorted_rows_is_the_numpy_check(keys):
+    raw = np.array(keys, np.uint64)
+    want = len(raw) > 1 and int(raw[1]) >= int(raw[0]) and int(raw[-1]) - int(raw[0]) <= (1 << 63) - 1 \
+        and bool(np.all(raw[2:] > raw[1:-1]))
+    assert native.sorted_rows(raw) is want
+    assert native.sorted_rows(raw.tobytes()) is want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, 4, 16, 64, -1, 1 << 30]), min_size=1, max_size=8),
+       st.sampled_from([(64, 16), (16, 4), (4, 1)]))
+def test_row_lens_is_the_numpy_check(lens, row):
+    row_bytes, row_size = row
+    raw = np.array(lens, np.int32)
+    want = raw[0] == 0 and not np.count_nonzero((raw[1:] != row_bytes) & (raw[1:] != row_size))
+    assert native.row_lens(raw, row_bytes, row_size) is bool(want)
+
+
+def test_a_stale_build_is_refused(tmp_path, monkeypatch):
+    source = tmp_path / "_fast.c"
+    source.write_text("/* another _fast.c */\n")
+    monkeypatch.setattr(fast, "SOURCE", source)
+    with pytest.raises(fast.FastLoadError, match="built from another _fast.c"):
+        fast.load()
+    monkeypatch.undo()
+    assert importlib.reload(fast).native.digest() == native.digest()

@@ -1,0 +1,182 @@
+"""server/fastpath.py: the pulls it answers get the general path's bytes, and everything else goes to the general path.
+
+Two servers get the same requests (through the wire codec, as the van hands them over): one as shipped, one whose
+fast path hands every message back (the reference: KVServer's general path alone). Every reply must be the same
+frames byte for byte and the stored state the same; ``FastPath.answered`` says which requests the fast path took,
+so a test fails if it stops taking a pull it should answer, or answers one the general path refuses.
+"""
+from __future__ import annotations
+
+import pickle
+
+import mxnet
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fakepeer import F16, F64, WORKER0, WORKER1, Requests
+from kvstore_lazy.protocol import mxnet as proto
+from kvstore_lazy.protocol.message import Message, identity_of
+from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
+from kvstore_lazy.server.fastpath import FastPath
+from kvstore_lazy.worker import lazy_spec_body
+
+UNIFORM = '["uniform", {"scale": 0.07}]'
+
+
+class GeneralPathOnly(FastPath):
+    def answer(self, msg):
+        return None
+
+
+class Pair:
+    """A server with its fast path and a reference without it, fed the same requests."""
+
+    def __init__(self, rank: int = 0, num_servers: int = 1, **kwargs) -> None:
+        self.fast = KVServer(rank, num_servers, 2, **kwargs)
+        self.reference = KVServer(rank, num_servers, 2, **kwargs)
+        self.reference.fast = GeneralPathOnly(self.reference)
+
+    def send(self, msg: Message, *, fast: bool | None = None) -> list[tuple[int, list]]:
+        """Replies (recipient, frames), the same from both servers; `fast`: whether the fast path must answer."""
+        frames = [identity_of(msg.sender)] + msg.to_frames()
+        before = self.fast.fast.answered
+        out = [[(node, reply.to_frames()) for node, reply in server.handle(Message.from_frames(frames))]
+               for server in (self.fast, self.reference)]
+        assert out[0] == out[1]
+        assert self.fast.bad_requests == self.reference.bad_requests
+        if fast is not None:
+            assert self.fast.fast.answered - before == int(fast)
+        return out[0]
+
+    def check_same_state(self) -> None:
+        assert self.fast.inspect() == self.reference.inspect()
+
+
+def optimizer(name: str = "sgd", **kwargs) -> bytes:
+    return pickle.dumps(mxnet.optimizer.create(name, learning_rate=0.1, **kwargs), 0)
+
+
+def rows(n: int, cols: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, cols)).astype(np.float32)
+
+
+def setup_keys(pair: Pair, w0: Requests, w1: Requests, total_rows: int = 1000) -> None:
+    """Dense key 3 (6 floats), lazy row_sparse key 7 (total_rows x 4, uniform), sync mode, SGD; rows 1, 5, 9 of key
+    7 pushed in one round."""
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))
+    pair.send(w0.push(3, np.arange(6, dtype=np.float32)))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (total_rows, 4), "float32", UNIFORM, 42)))
+    pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
+    for w in (w0, w1):
+        pair.send(w.rsp_push(7, [1, 5, 9], rows(3, 4)))
+
+
+def test_pulls_of_stored_values_take_the_fast_path_with_the_same_bytes():
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+    pair.send(w1.pull(3), fast=True)
+    pair.send(w0.rsp_pull(7, [1, 5, 9]), fast=True)
+    pair.send(w1.rsp_pull(7, [5]), fast=True)
+    # a pull with a lens frame (one int32 per key) is the same request
+    pair.send(w0.kv(proto.command_code(proto.ROW_SPARSE, 0), w0.rsp_keys(7, [1, 9]), b"", [0, 0, 0], push=False,
+                    pull=True), fast=True)
+    # mid-round: a pull gets the value before the round, at once
+    pair.send(w0.push(3, np.ones(6, np.float32)))
+    pair.send(w0.rsp_push(7, [5], rows(1, 4, 3)))
+    pair.send(w1.pull(3), fast=True)
+    pair.send(w1.rsp_pull(7, [5, 9]), fast=True)
+    pair.send(w1.push(3, np.ones(6, np.float32)))
+    pair.send(w1.rsp_push(7, [5], rows(1, 4, 4)))
+    pair.send(w0.pull(3), fast=True)
+    pair.send(w0.rsp_pull(7, [1, 5, 9]), fast=True)
+    pair.check_same_state()
+
+
+def test_what_the_fast_path_leaves_to_the_general_path():
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+    rsp_f32 = proto.command_code(proto.ROW_SPARSE, 0)
+    general = [
+        w0.rsp_pull(7, [1, 2]),                       # row 2 is not stored: its initial value is computed
+        w0.rsp_pull(7, [9, 5]),                       # unsorted: refused
+        w0.rsp_pull(7, [5, 5]),                       # duplicate: refused
+        w0.rsp_pull(7, [5, 1000]),                    # out of range: refused
+        w0.rsp_pull(7, []),                           # no rows
+        w0.kv(rsp_f32, [7, 6], b"", push=False, pull=True),        # a row key below its master key
+        w0.kv(rsp_f32, w0.rsp_keys(7, [1, 5]), b"", [0, 0], push=False, pull=True),   # lens do not match keys
+        w0.rsp_pull(7, [1, 5], F64),                  # another dtype than the key's: refused
+        w0.rsp_pull(3, [1]),                          # row_sparse pull of a dense key: refused
+        w0.pull(7),                                   # dense pull of a row_sparse key: refused
+        w0.pull(3, F64),                              # dense pull as another dtype: refused
+        w0.pull(4),                                   # a key never initialized: refused
+        w0.kv(proto.command_code(proto.DEFAULT, 0), [3, 3], b"", push=False, pull=True),   # two keys: refused
+        w0.kv(proto.command_code(proto.DEFAULT, 0), [1 << 62], b"", push=False, pull=True),  # outside the range
+        w0.push(3, np.ones(6, np.float32), pull=True),   # pushpull: a push
+        w0.frames(rsp_f32, [np.array([7, 8], np.uint64).tobytes(), b"", b"", b""], push=False, pull=True),
+    ]
+    for msg in general:
+        pair.send(msg, fast=False)
+    pair.check_same_state()
+    assert pair.fast.bad_requests >= 12
+
+
+def test_a_poisoned_pull_is_refused_by_the_general_path():
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+    pair.send(w0.rsp_push(7, [5, 1], rows(2, 4)), fast=False)     # unsorted rows: refused, the key poisoned for w0
+    pair.send(w0.rsp_pull(7, [1, 5]), fast=False)                 # refused: fails loudly in the worker
+    pair.send(w0.rsp_pull(7, [1, 5]), fast=True)                  # the poison is spent
+    pair.check_same_state()
+
+
+def test_partitioned_key_on_the_second_server():
+    """Server rank 1 of 2 holds rows [500, 1000) of key 7 (row ids relative to its first row on the wire)."""
+    pair = Pair(rank=1, num_servers=2)
+    w0, w1 = Requests(WORKER0, rank=1, num_servers=2), Requests(WORKER1, rank=1, num_servers=2)
+    setup_keys(pair, w0, w1)
+    pair.send(w0.rsp_pull(7, [1, 5, 9]), fast=True)
+    pair.send(w0.rsp_pull(7, [5, 499]), fast=False)    # 499 is not stored
+    pair.send(w0.rsp_pull(7, [5, 500]), fast=False)    # 500 is beyond this server's rows: refused
+    pair.check_same_state()
+
+
+def test_multi_precision_and_touch_policy():
+    pair, w0, w1 = Pair(materialize=MATERIALIZE_ON_TOUCH), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer(multi_precision=True)))
+    pair.send(w0.command(proto.SET_MULTI_PRECISION))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (100, 3), "float16", UNIFORM, 1)))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(8, (100, 3), "float32", UNIFORM, 1)))
+    pair.send(w0.rsp_push(7, [], np.zeros((0, 3), np.float16), F16))
+    pair.send(w0.rsp_push(8, [], np.zeros((0, 3), np.float32)))
+    pair.send(w0.rsp_pull(7, [2, 4], F16), fast=False)   # float16 rows of a float32 master table: cast by keys.py
+    pair.send(w0.rsp_pull(7, [2, 4], F16), fast=False)
+    pair.send(w0.rsp_pull(8, [2, 4]), fast=False)        # the first touch creates the rows...
+    pair.send(w1.rsp_pull(8, [2, 4]), fast=True)         # ...which are then in memory
+    pair.check_same_state()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored=st.sets(st.integers(0, 5000), min_size=1, max_size=300),
+       pulls=st.lists(st.sets(st.integers(0, 5000), min_size=1, max_size=40), min_size=1, max_size=8))
+def test_any_pull_gets_the_general_path_bytes(stored, pulls):
+    """Many rows (the index grows and rehashes), pulls of stored and unstored rows mixed."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1, total_rows=5001)
+    ids = sorted(stored)
+    for w in (w0, w1):
+        pair.send(w.rsp_push(7, ids, rows(len(ids), 4, 1)))
+    present = set(ids) | {1, 5, 9}
+    for want in pulls:
+        pair.send(w0.rsp_pull(7, sorted(want)), fast=want <= present)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x07" * 7, b"\x07" * 9])
+def test_odd_key_frames_go_to_the_general_path(frame):
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+    pair.send(w0.frames(proto.command_code(proto.ROW_SPARSE, 0), [frame, b""], push=False, pull=True), fast=False)
+    pair.send(w0.frames(proto.command_code(proto.DEFAULT, 0), [frame, b""], push=False, pull=True), fast=False)
