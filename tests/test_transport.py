@@ -19,6 +19,7 @@ import zmq
 
 from kvstore_lazy.protocol.message import Message, identity_of
 from kvstore_lazy.protocol.pbmeta import Meta
+from kvstore_lazy.transport import zmq_van
 from kvstore_lazy.transport.zmq_van import ConnectError, ZmqVan
 
 
@@ -193,3 +194,34 @@ def test_a_watched_link_goes_down_when_the_peer_closes(van, ctx):
     assert time.monotonic() - van.link(1).changed < 5
     van.disconnect(1)
     assert van.link(1) is None
+
+
+def test_taking_queued_messages_still_services_links_and_queued_sends(van, ctx):
+    """recv(0) in a drain polls only every POLL_EVERY messages, but it does poll: a watched link's events are read
+    and a queue waiting for its peer is flushed while messages keep arriving."""
+    peer = ctx.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    van.connect(1, "127.0.0.1", port, identity_of(8), watch=True)
+    probe = zmq.Context.instance().socket(zmq.ROUTER)
+    late_port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(linger=0)
+    van.connect(9, "127.0.0.1", late_port, identity_of(8))
+    for ts in range(1200):      # past ZeroMQ's queue to a peer that is not there yet: the rest waits in the van
+        van.send(9, message(ts))
+    assert van.pending(9) > 0
+    late = ctx.socket(zmq.ROUTER)
+    late.bind(f"tcp://127.0.0.1:{late_port}")
+    sender = dealer(ctx, f"tcp://127.0.0.1:{port_of(van)}", b"ps11")
+    got, taken = [], 0
+    deadline = time.monotonic() + 20
+    while (len(got) < 1200 or not van.link(1).up) and time.monotonic() < deadline:
+        for ts in range(zmq_van.POLL_EVERY):
+            sender.send_multipart([b"m", b"%d" % ts])
+        time.sleep(0.005)
+        while van.recv(0) is not None:   # only ever takes what is queued: the drain of the server's loop
+            taken += 1
+        while late.poll(0):
+            got.append(Message.from_frames(late.recv_multipart()).meta.timestamp)
+    assert van.link(1).up, "the watched link's events were never read"
+    assert got == list(range(1200)) and van.pending(9) == 0
+    assert taken > 0

@@ -36,7 +36,13 @@ from ..protocol.message import Message
 log = logging.getLogger(__name__)
 
 ZERO_COPY_MIN = 65536   # frames at least this large are sent and received without a copy
-_NOBLOCK = int(zmq.NOBLOCK)   # a plain int: flag enums cost a Python call per use
+POLL_EVERY = 16         # recv(0) polls (queued sends, link monitors) at least once per this many messages taken
+# plain ints: flag enums cost a Python call per use (and `|` of two of them another)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+_NOBLOCK_MORE = _NOBLOCK | _SNDMORE
+# the backend's send: pyzmq's Socket.send wrapper only adds routing_id/group handling (DRAFT sockets), a Python call
+# per frame of every reply
+_send_frame = zmq.backend.Socket.send
 QUEUE_MESSAGES = 10_000          # default per-peer limits of messages waiting beyond ZeroMQ's own queue (SNDHWM)
 QUEUE_BYTES = 1 << 30
 
@@ -83,6 +89,7 @@ class ZmqVan:
         self._waiting: dict[zmq.Socket, int] = {}    # their DEALERs (polled for POLLOUT) -> node id
         self.dropped: dict[int, str] = {}            # node id -> why it was dropped
         self._monitors: dict[zmq.Socket, int] = {}   # monitor socket -> node id
+        self._unpolled = 0                            # messages taken since the last poll
         self.links: dict[int, Link] = {}
 
     def _address(self, host: str, port: int) -> str:
@@ -185,11 +192,13 @@ class ZmqVan:
         copy = size < ZERO_COPY_MIN
         last = len(frames) - 1
         try:
-            sock.send(frames[0], zmq.NOBLOCK | (zmq.SNDMORE if last else 0), copy=copy)
+            _send_frame(sock, frames[0], _NOBLOCK_MORE if last else _NOBLOCK, copy)
         except zmq.Again:
             return False
-        for i in range(1, last + 1):
-            sock.send(frames[i], zmq.SNDMORE if i < last else 0, copy=copy)
+        for i in range(1, last):
+            _send_frame(sock, frames[i], _SNDMORE, copy)
+        if last:
+            _send_frame(sock, frames[last], 0, copy)
         return True
 
     def _flush(self, node_id: int) -> None:
@@ -228,29 +237,45 @@ class ZmqVan:
         """One multipart message from the ROUTER (identity first), or None after `timeout_ms` or when only queued
         sends or connection events were handled. :attr:`last_peer` is the TCP address it came from.
 
-        Queued sends and the link monitors are serviced in the poll, so it polls whenever there are any, or a wait
-        is asked for; with neither (the runtime taking what is already queued) the receive is tried at once,
-        NOBLOCK. The parts are read with the backend's recv and ``Frame.more`` instead of ``recv_multipart``, whose
-        per-part ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself for small messages."""
-        if timeout_ms or self._waiting or self._monitors:
-            events = dict(self.poller.poll(timeout_ms))
-            if not events:
+        Queued sends and the link monitors are serviced in the poll. It polls whenever a wait is asked for; with
+        none (the runtime taking what is already queued) the receive is tried at once, NOBLOCK, and the poll runs
+        only when there is nothing to take or every POLL_EVERY messages, if there are queued sends or monitors at
+        all (a poll per message cost about as much as the receive). The parts are read with the backend's recv and
+        ``Frame.more`` instead of ``recv_multipart``, whose per-part ``getsockopt(RCVMORE)`` and flag enums cost
+        more than the receive itself for small messages."""
+        serviced = self._waiting or self._monitors
+        if timeout_ms or (serviced and self._unpolled >= POLL_EVERY):
+            if not self._poll(timeout_ms):
                 return None
-            for sock, event in events.items():
-                if sock is self.receiver:
-                    continue
-                node_id = self._monitors.get(sock)
-                if node_id is not None:
-                    self._link_event(node_id, sock)
-                elif event & zmq.POLLOUT and sock in self._waiting:
-                    self._flush(self._waiting[sock])
-            if self.receiver not in events:
-                return None
+        frames = self._take()
+        if frames is None and not timeout_ms and serviced:
+            if self._poll(0):   # nothing to take: service the rest before saying so
+                frames = self._take()
+        return frames
+
+    def _poll(self, timeout_ms: int) -> bool:
+        """Wait up to `timeout_ms` for anything; flush writable queues, read link events; whether the ROUTER has
+        a message."""
+        self._unpolled = 0
+        events = dict(self.poller.poll(timeout_ms))
+        for sock, event in events.items():
+            if sock is self.receiver:
+                continue
+            node_id = self._monitors.get(sock)
+            if node_id is not None:
+                self._link_event(node_id, sock)
+            elif event & zmq.POLLOUT and sock in self._waiting:
+                self._flush(self._waiting[sock])
+        return self.receiver in events
+
+    def _take(self) -> list[bytes | memoryview] | None:
+        """The next message if one is queued, without waiting."""
         recv = self.receiver.recv
         try:
             frame = recv(_NOBLOCK, copy=False)
         except zmq.Again:   # nothing queued (or readable, then not)
             return None
+        self._unpolled += 1
         # large frames stay in ZeroMQ's buffer (a memoryview keeps it alive): no copy of pushed values
         frames = [frame.bytes]
         size = len(frames[0])
