@@ -10,6 +10,7 @@ uses to tell a new registration (ps-lite ``ZMQVan::GetNodeID``).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, EMPTY, Meta, decode_meta, enc
 MAX_ID_DIGITS = len(str(EMPTY))   # a node id is an int32 below kEmpty: at most 10 digits
 
 
+@functools.lru_cache(maxsize=4096)   # a job has a few dozen identities; every message names one
 def parse_identity(identity: bytes) -> int:
     """Node id of a ROUTER identity frame: ``ps`` followed by the canonical decimal of an id below kEmpty (what
     ps-lite's ``"ps" + std::to_string(id)`` produces), else EMPTY.
