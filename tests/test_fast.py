@@ -48,15 +48,28 @@ def test_gather_rows_is_lookup_then_take(stored, master, offset, wide, data):
     row_ids = (np.array(local, np.uint64) + np.uint64(offset))
     slots = table.lookup(row_ids)
     assert (slots >= 0).all()
-    payload, lens = got
+    payload, lens, missing, missing_ids = got
+    assert missing is None and missing_ids is None
     assert payload == table.weights(slots).tobytes()
     assert lens == np.array([0] + [3] * len(local), np.int32).tobytes()
+
+
+def test_gather_rows_leaves_the_rows_not_in_the_table_to_the_caller():
+    table = table_of([3, 10, 11, 500])
+    # local ids 1, 3, 4, 8, 9 -> row ids 3, 5, 6, 10, 11 (offset 2)
+    payload, lens, missing, missing_ids = gather(table, [100, 101, 103, 104, 108, 109], row_offset=2)
+    assert type(payload) is bytearray
+    rows = np.frombuffer(payload, np.float32).reshape(5, 3)
+    assert rows[[0, 3, 4]].tobytes() == table.weights(table.lookup([3, 10, 11])).tobytes()
+    assert not rows[[1, 2]].any()
+    assert np.frombuffer(missing, np.int64).tolist() == [1, 2]            # positions among the rows
+    assert np.frombuffer(missing_ids, np.int64).tolist() == [3, 4]        # their local ids (rows 5 and 6)
+    assert lens == np.array([0, 3, 3, 3, 3, 3], np.int32).tobytes()
 
 
 def test_gather_rows_hands_back_what_it_does_not_take():
     table = table_of([3, 10, 11, 500])
     assert gather(table, [100, 103, 110])[0] == table.weights(table.lookup([3, 10])).tobytes()
-    assert gather(table, [100, 103, 104]) is None             # row 4 is not in the table
     assert gather(table, [100, 110, 103]) is None             # unsorted
     assert gather(table, [100, 103, 103]) is None             # duplicate
     assert gather(table, [100, 99]) is None                   # a row key below its master

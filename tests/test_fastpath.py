@@ -38,16 +38,18 @@ class Pair:
         self.reference = KVServer(rank, num_servers, 2, **kwargs)
         self.reference.fast = GeneralPathOnly(self.reference)
 
-    def send(self, msg: Message, *, fast: bool | None = None) -> list[tuple[int, list]]:
-        """Replies (recipient, frames), the same from both servers; `fast`: whether the fast path must answer."""
+    def send(self, msg: Message, *, fast: bool | None = None, partial: bool = False) -> list[tuple[int, list]]:
+        """Replies (recipient, frames), the same from both servers; `fast`: whether the fast path must answer,
+        `partial`: with rows that keys.py made."""
         frames = [identity_of(msg.sender)] + msg.to_frames()
-        before = self.fast.fast.answered
+        before, before_partial = self.fast.fast.answered, self.fast.fast.partial
         out = [[(node, reply.to_frames()) for node, reply in server.handle(Message.from_frames(frames))]
                for server in (self.fast, self.reference)]
         assert out[0] == out[1]
         assert self.fast.bad_requests == self.reference.bad_requests
         if fast is not None:
             assert self.fast.fast.answered - before == int(fast)
+            assert self.fast.fast.partial - before_partial == int(partial)
         return out[0]
 
     def check_same_state(self) -> None:
@@ -80,6 +82,9 @@ def test_pulls_of_stored_values_take_the_fast_path_with_the_same_bytes():
     pair.send(w1.pull(3), fast=True)
     pair.send(w0.rsp_pull(7, [1, 5, 9]), fast=True)
     pair.send(w1.rsp_pull(7, [5]), fast=True)
+    # rows not stored (2, 3, 999): their initial values come from keys.py, in their places
+    pair.send(w0.rsp_pull(7, [1, 2, 3, 5, 999]), fast=True, partial=True)
+    pair.send(w0.rsp_pull(7, [0, 4]), fast=True, partial=True)
     # a pull with a lens frame (one int32 per key) is the same request
     pair.send(w0.kv(proto.command_code(proto.ROW_SPARSE, 0), w0.rsp_keys(7, [1, 9]), b"", [0, 0, 0], push=False,
                     pull=True), fast=True)
@@ -100,7 +105,6 @@ def test_what_the_fast_path_leaves_to_the_general_path():
     setup_keys(pair, w0, w1)
     rsp_f32 = proto.command_code(proto.ROW_SPARSE, 0)
     general = [
-        w0.rsp_pull(7, [1, 2]),                       # row 2 is not stored: its initial value is computed
         w0.rsp_pull(7, [9, 5]),                       # unsorted: refused
         w0.rsp_pull(7, [5, 5]),                       # duplicate: refused
         w0.rsp_pull(7, [5, 1000]),                    # out of range: refused
@@ -132,14 +136,31 @@ def test_a_poisoned_pull_is_refused_by_the_general_path():
     pair.check_same_state()
 
 
-def test_partitioned_key_on_the_second_server():
+def test_partitioned_key_on_the_second_server(monkeypatch):
     """Server rank 1 of 2 holds rows [500, 1000) of key 7 (row ids relative to its first row on the wire)."""
+    monkeypatch.setenv("MXNET_KVSTORE_BIGARRAY_BOUND", "100")   # key 7 (1000 x 4) is split over the servers
     pair = Pair(rank=1, num_servers=2)
     w0, w1 = Requests(WORKER0, rank=1, num_servers=2), Requests(WORKER1, rank=1, num_servers=2)
     setup_keys(pair, w0, w1)
+    assert pair.fast.keys[7].global_range() == (500, 1000)
     pair.send(w0.rsp_pull(7, [1, 5, 9]), fast=True)
-    pair.send(w0.rsp_pull(7, [5, 499]), fast=False)    # 499 is not stored
+    pair.send(w0.rsp_pull(7, [5, 499]), fast=True, partial=True)    # 499 is not stored
     pair.send(w0.rsp_pull(7, [5, 500]), fast=False)    # 500 is beyond this server's rows: refused
+    pair.check_same_state()
+
+
+def test_a_key_with_a_row_policy_gets_its_rows_from_keys_py():
+    """Admission (a row is stored at its 2nd push): a pull of pending rows computes them, stores nothing."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer()))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 3,
+                                                            admit_min_count=2)))
+    pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
+    for round_ in range(2):
+        for w in (w0, w1):
+            pair.send(w.rsp_push(7, [3, 8] if round_ else [3], rows(2 if round_ else 1, 4, round_)))
+        pair.send(w0.rsp_pull(7, [3, 8, 20]), fast=True, partial=True)
     pair.check_same_state()
 
 
@@ -154,8 +175,9 @@ def test_multi_precision_and_touch_policy():
     pair.send(w0.rsp_push(8, [], np.zeros((0, 3), np.float32)))
     pair.send(w0.rsp_pull(7, [2, 4], F16), fast=False)   # float16 rows of a float32 master table: cast by keys.py
     pair.send(w0.rsp_pull(7, [2, 4], F16), fast=False)
-    pair.send(w0.rsp_pull(8, [2, 4]), fast=False)        # the first touch creates the rows...
-    pair.send(w1.rsp_pull(8, [2, 4]), fast=True)         # ...which are then in memory
+    pair.send(w0.rsp_pull(8, [2, 4]), fast=True, partial=True)   # keys.py creates them at the first touch...
+    pair.send(w1.rsp_pull(8, [2, 4, 6]), fast=True, partial=True)
+    pair.send(w1.rsp_pull(8, [2, 4, 6]), fast=True)              # ...and then they are in memory
     pair.check_same_state()
 
 
@@ -171,7 +193,8 @@ def test_any_pull_gets_the_general_path_bytes(stored, pulls):
         pair.send(w.rsp_push(7, ids, rows(len(ids), 4, 1)))
     present = set(ids) | {1, 5, 9}
     for want in pulls:
-        pair.send(w0.rsp_pull(7, sorted(want)), fast=want <= present)
+        pair.send(w0.rsp_pull(7, sorted(want)), fast=True, partial=not want <= present)
+    pair.check_same_state()
 
 
 @pytest.mark.parametrize("frame", [b"", b"\x07" * 7, b"\x07" * 9])

@@ -243,15 +243,19 @@ fallback:
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes) -> (payload, lens) or None
+   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes)
+       -> (payload, lens, missing, missing_ids) or None
 
    A row_sparse pull answered from the rows in memory: `keys` is the request's keys frame (uint64 little-endian:
    the master key, then one key per row), `table`/`slot_ids`/`shift` a RowIndex's buckets (int32 or int64, -1
    empty), slot -> row id array and home-bucket shift, `weights` the weight arena (row `slot` at slot * row_bytes).
    The row keys must be strictly increasing from the master key on with local ids below `local_rows` (what a worker
-   sends) and every row present; otherwise None, and the general path decides (a missing row is server/keys.py's
-   business). `payload` is the rows in request order, `lens` the reply's int32 lens: 0 for the master key, then
-   the row size in elements (row_bytes / 4: the caller serves float32 keys only). */
+   sends); otherwise None, and the general path decides (and names what is wrong). `payload` is the rows in request
+   order, `lens` the reply's int32 lens: 0 for the master key, then the row size in elements (row_bytes / 4: the
+   caller serves float32 keys only). If every row is in the table, payload is bytes and missing/missing_ids None;
+   else payload is a bytearray with zeros where rows are missing, `missing` their positions among the request's rows
+   and `missing_ids` their local ids (int64 bytes each), for the caller to fill in from server/keys.py, which decides
+   what a row not in memory is. */
 
 #define MULT 0xBF58476D1CE4E5B9ULL   /* RowIndex's hash (store/kernels.c home()): tests compare the two */
 
@@ -267,7 +271,8 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     Py_buffer keys, table, ids, weights;
-    PyObject *result = NULL, *payload = NULL, *lens = NULL;
+    PyObject *result = NULL, *payload = NULL, *lens = NULL, *missing = NULL, *missing_ids = NULL;
+    int64_t *slots = NULL;
     int got = 0;
     if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) return NULL;
     got = 1;
@@ -279,25 +284,19 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     got = 4;
     Py_ssize_t nkeys = keys.len / 8, nbuckets = table.len / (table.itemsize == 8 ? 8 : 4);
     Py_ssize_t nslots = ids.len / 8;
-    if (keys.len % 8 || nkeys < 2 || (table.itemsize != 4 && table.itemsize != 8) || (nbuckets & (nbuckets - 1)) || nbuckets < 2
-            || (64 - shift) != (unsigned)__builtin_ctzll((unsigned long long)nbuckets)) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto release;
-    }
+    if (keys.len % 8 || nkeys < 2 || (table.itemsize != 4 && table.itemsize != 8) || (nbuckets & (nbuckets - 1))
+            || nbuckets < 2 || (64 - shift) != (unsigned)__builtin_ctzll((unsigned long long)nbuckets))
+        goto fallback;
     const unsigned char *kb = keys.buf;
-    uint64_t raw[1];
-    memcpy(raw, kb, 8);
-    uint64_t master = raw[0], previous = 0;
-    Py_ssize_t nrows = nkeys - 1;
-    payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
-    if (payload == NULL) goto release;
-    char *dst = PyBytes_AsString(payload);
+    uint64_t master, previous = 0;
+    memcpy(&master, kb, 8);
+    Py_ssize_t nrows = nkeys - 1, absent = 0;
+    slots = PyMem_Malloc((size_t)nrows * sizeof(int64_t));
+    if (slots == NULL) { PyErr_NoMemory(); goto release; }
     const uint64_t *slot_ids = ids.buf;
-    const char *rows = weights.buf;
     int wide = table.itemsize == 8;
     uint64_t mask = (uint64_t)nbuckets - 1;
-    for (Py_ssize_t i = 0; i < nrows; i++) {
+    for (Py_ssize_t i = 0; i < nrows; i++) {     /* check and probe every row before building anything */
         uint64_t key;
         memcpy(&key, kb + 8 * (i + 1), 8);
         if (key < master || (i && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
@@ -307,30 +306,67 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         int64_t slot;
         for (;;) {
             slot = wide ? ((const int64_t *)table.buf)[pos] : ((const int32_t *)table.buf)[pos];
-            if (slot < 0) goto fallback;
+            if (slot < 0) break;
             if (slot < nslots && slot_ids[slot] == row_id) break;
             pos = (pos + 1) & mask;
         }
-        if ((slot + 1) * row_bytes > weights.len) goto fallback;
-        memcpy(dst + i * row_bytes, rows + slot * row_bytes, (size_t)row_bytes);
+        if (slot >= 0 && (slot + 1) * row_bytes > weights.len) goto fallback;
+        slots[i] = slot < 0 ? -1 : slot;
+        absent += slot < 0;
+    }
+    char *dst;
+    if (absent) {
+        payload = PyByteArray_FromStringAndSize(NULL, nrows * row_bytes);
+        missing = PyBytes_FromStringAndSize(NULL, absent * 8);
+        missing_ids = PyBytes_FromStringAndSize(NULL, absent * 8);
+        if (payload == NULL || missing == NULL || missing_ids == NULL) goto release;
+        dst = PyByteArray_AsString(payload);
+    } else {
+        payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
+        if (payload == NULL) goto release;
+        dst = PyBytes_AsString(payload);
+    }
+    const char *rows = weights.buf;
+    int64_t *positions = absent ? (int64_t *)PyBytes_AsString(missing) : NULL;
+    int64_t *local_ids = absent ? (int64_t *)PyBytes_AsString(missing_ids) : NULL;
+    for (Py_ssize_t i = 0; i < nrows; i++) {
+        if (slots[i] >= 0) {
+            memcpy(dst + i * row_bytes, rows + slots[i] * row_bytes, (size_t)row_bytes);
+        } else {
+            uint64_t key;
+            memcpy(&key, kb + 8 * (i + 1), 8);
+            memset(dst + i * row_bytes, 0, (size_t)row_bytes);
+            *positions++ = i;
+            *local_ids++ = (int64_t)(key - master);
+        }
     }
     lens = PyBytes_FromStringAndSize(NULL, nkeys * 4);
     if (lens == NULL) goto release;
     int32_t *len_out = (int32_t *)PyBytes_AsString(lens), elems = (int32_t)(row_bytes / 4);
     len_out[0] = 0;
     for (Py_ssize_t i = 1; i < nkeys; i++) memcpy(len_out + i, &elems, 4);
-    result = PyTuple_New(2);
+    if (!absent) {
+        missing = Py_None, missing_ids = Py_None;
+        Py_INCREF(missing);
+        Py_INCREF(missing_ids);
+    }
+    result = PyTuple_New(4);
     if (result == NULL) goto release;
     PyTuple_SetItem(result, 0, payload);
     PyTuple_SetItem(result, 1, lens);
-    payload = lens = NULL;
+    PyTuple_SetItem(result, 2, missing);
+    PyTuple_SetItem(result, 3, missing_ids);
+    payload = lens = missing = missing_ids = NULL;
     goto release;
 fallback:
     result = Py_None;
     Py_INCREF(result);
 release:
+    PyMem_Free(slots);
     Py_XDECREF(payload);
     Py_XDECREF(lens);
+    Py_XDECREF(missing);
+    Py_XDECREF(missing_ids);
     if (got >= 4) PyBuffer_Release(&weights);
     if (got >= 3) PyBuffer_Release(&ids);
     if (got >= 2) PyBuffer_Release(&table);

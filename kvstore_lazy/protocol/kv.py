@@ -168,6 +168,22 @@ def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
     return _request(msg, command, kv, key, local_ids, values)
 
 
+_F32 = np.dtype(np.float32)
+
+
+def row_pull(sender: int, meta: Meta, key: int, master: int, local_ids: np.ndarray) -> DataRequest:
+    """The float32 row_sparse pull of `local_ids` (sorted unique int64, below the key's rows) of this server's `key`,
+    as :func:`parse` decodes it from a worker (`master`: the master key on the wire): how the fast path asks for
+    the rows of a pull it does not have (server/fastpath.py)."""
+    keys = np.empty(len(local_ids) + 1, np.uint64)
+    keys[0] = master
+    np.add(local_ids.view(np.uint64), np.uint64(master), out=keys[1:])
+    request = _new(DataRequest)
+    request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key, keys=keys,
+                            local_ids=local_ids, values=None, original_size=0)
+    return request
+
+
 def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
     """A row_sparse push's values as (rows, row size); (0, 0) for a push of no rows."""
     if len(kv.lens) != len(kv.keys) or (len(kv.lens) and kv.lens[0] != 0):

@@ -1,13 +1,14 @@
 """The fast path for the server's most frequent requests: a pull answered whole in one pass, with no DataRequest.
 
-Owns: recognising a plain pull (a dense key's value, or row_sparse rows that are all in the key's table) straight
-from its decoded meta and raw key frame, and answering it with the same bytes :class:`~kvstore_lazy.server.core.
-KVServer`'s general path would send. A row_sparse pull's rows are checked, probed and gathered into the reply in one
-compiled call (``protocol/_fast.c`` ``gather_rows``).
-Does not own: anything else. Whatever it does not take whole (a push, a command, an unusual frame layout, a key
-range, alias, dtype or poison case, unsorted or out-of-range row ids, a row not in memory: new, pending admission or
-elsewhere) it hands back (None) before changing anything, and the general path decides, logs and answers; absent
-rows are only ever made by ``server.keys``.
+Owns: recognising a plain pull (a dense key's value, or float32 row_sparse rows of a key whose table is a plain
+store of them, see ``RowSparseKey.resident_rows``) straight from its decoded meta and raw key frame, and answering
+it with the same bytes :class:`~kvstore_lazy.server.core.KVServer`'s general path would send. A row_sparse pull's
+rows are checked, probed and gathered into the reply in one compiled call (``protocol/_fast.c`` ``gather_rows``);
+the rows not in the table (new, pending admission, or kept elsewhere) are asked of ``RowSparseKey.pull``, as a pull
+of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is.
+Does not own: anything else. Whatever it does not take (a push, a command, an unusual frame layout, a key range,
+alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before changing anything, and
+the general path decides, logs and answers.
 
 Every check of the general path that can refuse such a pull is repeated here as a condition for taking it
 (``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``), so a pull that would be
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import struct
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..protocol import kv as wire
 from ..protocol import mxnet as mx
@@ -42,6 +45,9 @@ class FastPath:
         self.begin = server.key_range.begin
         self.span = server.key_range.end - server.key_range.begin
         self.answered = 0          # pulls answered here (tests, profiles)
+        self.partial = 0           # of them, pulls with rows keys.py made
+        from .core import MATERIALIZE_ON_TOUCH   # (core imports this module)
+        self.touch = MATERIALIZE_ON_TOUCH
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
         """The replies to `msg` if it is a pull this path answers whole, else None (nothing was changed)."""
@@ -77,7 +83,22 @@ class FastPath:
                                4 * entry.row_size)
             if got is None:
                 return None
-            payload, lens = got
+            payload, lens, missing, missing_ids = got
+            if missing is not None:
+                # rows not in the table: keys.py makes them (initial values, created or not, or wherever a tier
+                # keeps them), as it would for the whole pull; they go into the reply where they belong
+                local_ids = np.frombuffer(missing_ids, np.int64)
+                values = entry.pull(wire.row_pull(msg.sender, meta, key, key + self.begin, local_ids),
+                                    store=server.materialize == self.touch)
+                if len(local_ids) * 8 == len(raw) - 8:
+                    payload = values          # none of them was in the table
+                else:
+                    rows = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size)
+                    rows[np.frombuffer(missing, np.int64)] = np.frombuffer(values, np.float32).reshape(
+                        -1, entry.row_size)
+                    del rows
+                    payload = memoryview(payload)
+                self.partial += 1
         else:
             dtype = _DENSE.get(head)
             if dtype is None or len(raw) != 8:

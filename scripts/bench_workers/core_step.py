@@ -6,6 +6,11 @@ and push gradients for them (dist_sync, so the second push triggers the merge an
 CPU time per step (pull + push of both workers) after a warm-up, which is repeatable on a shared machine where the
 end-to-end figures of ``make bench`` are not. Then the same for dense keys (both push, then both pull). For tuning
 the hot path; ``make bench`` holds the side-by-side tables.
+
+``--step``: the traffic of bench.py's "step" scenario (scripts/bench_workers/step.py, its quick preset: 4 features,
+embeddings D=16 Uniform and wide weights Zero, an MLP 64-256-128-1, Adam, 256 Zipf ids per feature and worker,
+dist_sync, one server) through the server core alone, with the CPU per step split by request kind: what of the
+step job's server CPU is the core's, the rest being the runtime loop, ZeroMQ and the kernel.
 """
 from __future__ import annotations
 
@@ -176,6 +181,71 @@ def run_small(optimizer: str, repeat: int) -> dict:
     return out
 
 
+STEP_FEATURES = (200_000, 100_000, 50_000, 10_000)
+EMB_KEY, WIDE_KEY = 100, 200
+
+
+def step_messages(w: Worker, kind: str, key: int, ids: np.ndarray | None = None,
+                  values: np.ndarray | None = None) -> tuple[str, Message]:
+    if kind.startswith("dense"):
+        return kind, w.dense(key, values)
+    keys = np.concatenate([[key], key + ids.astype(np.uint64)]).astype(np.uint64)
+    if values is None:
+        return kind, w._message(ROW_SPARSE_F32, pull=True, kv=KVPairs(keys, b"", np.zeros(0, np.int32)))
+    lens = np.full(len(keys), values.shape[1] * 4, np.int32)
+    lens[0] = 0
+    return kind, w._message(ROW_SPARSE_F32, push=True, kv=KVPairs(keys, values.tobytes(), lens))
+
+
+def run_step(steps: int, warmup: int, rows: int = 256) -> dict:
+    """Server core CPU per step of the step scenario, by request kind (ms)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import ZipfRows
+    server, workers, handle = start("adam")
+    dense_shapes, fan_in = [], len(STEP_FEATURES) * 16
+    for width in (256, 128, 1):
+        dense_shapes += [(width, fan_in), (width,)]
+        fan_in = width
+    sparse = [(EMB_KEY + f, 16, f, '["uniform", {"scale": 0.07}]') for f in range(len(STEP_FEATURES))] + \
+             [(WIDE_KEY + f, 1, f, '["zero", {}]') for f in range(len(STEP_FEATURES))]
+    for key, shape in enumerate(dense_shapes):
+        handle(workers[0].dense(key, np.full(shape, 0.01, np.float32)))
+    for key, dim, f, init in sparse:
+        handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(key, (STEP_FEATURES[f], dim), "float32", init, 5)))
+        handle(step_messages(workers[0], "", key, np.zeros(0, np.int64), np.zeros((0, dim), np.float32))[1])
+    streams = [[ZipfRows(n, rows, 5 + 100 * f, rank) for f, n in enumerate(STEP_FEATURES)]
+               for rank in range(len(workers))]
+    rng = np.random.default_rng(0)
+    dense_grads = [rng.normal(0, 0.01, s).astype(np.float32) for s in dense_shapes]
+    sparse_grads = {dim: rng.normal(0, 0.01, (rows, dim)).astype(np.float32) for dim in (1, 16)}
+    ids = [[s.next() for s in per_worker] for per_worker in streams]
+    totals: dict[str, float] = {}
+    cpu = []
+    for step in range(warmup + steps):
+        batch = []
+        for w, mine in zip(workers, ids):
+            batch += [step_messages(w, "dense push", key, values=g) for key, g in enumerate(dense_grads)]
+            batch += [step_messages(w, "row_sparse push", key, mine[f], sparse_grads[dim])
+                      for key, dim, f, _ in sparse]
+        ids = [[s.next() for s in per_worker] for per_worker in streams]
+        for w, mine in zip(workers, ids):
+            batch += [step_messages(w, "dense pull", key) for key in range(len(dense_shapes))]
+            batch += [step_messages(w, "row_sparse pull", key, mine[f]) for key, _, f, _ in sparse]
+        frames = [(kind, [identity_of(m.sender)] + m.to_frames()) for kind, m in batch]
+        started = time.process_time()
+        for kind, f in frames:
+            t = time.process_time()
+            handle(Message.from_frames(f))
+            if step >= warmup:
+                totals[kind] = totals.get(kind, 0.0) + time.process_time() - t
+        if step >= warmup:
+            cpu.append(time.process_time() - started)
+    out = {kind: 1e3 * total / steps for kind, total in totals.items()}
+    out["whole step"] = 1e3 * float(np.mean(cpu))
+    out["fast path answers"] = server.fast.answered
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input-dim", type=int, default=1_000_000)
@@ -187,6 +257,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--small", type=int, default=2000, help="requests per small-request row (0: skip)")
     parser.add_argument("--only-small", action="store_true")
+    parser.add_argument("--step", action="store_true", help="only the step scenario's traffic (see above)")
     parser.add_argument("--materialize", nargs="+", default=["push"], choices=["push", "touch"],
                         help="row policies to run the row_sparse steps with (push: the server's default)")
     parser.add_argument("--lifecycle", nargs="+", default=["none"],
@@ -194,6 +265,12 @@ def main() -> None:
                              "admit_min_count=2, admit_prob=0.5, ttl_rounds=20")
     args = parser.parse_args()
     print(f"kvstore_lazy from {Path(kvstore_lazy.__file__).resolve().parent}")
+    if args.step:
+        r = run_step(args.steps * 5, args.warmup * 2)
+        print(f"{'step scenario (1 server, dist_sync, adam)':<44} {'server core CPU ms/step':>24}")
+        for name, value in r.items():
+            print(f"{name:<44} {value:>24.2f}" if isinstance(value, float) else f"{name:<44} {value:>24}")
+        return
     if args.small:
         print(f"{'optimizer':<10} {'small request':<48} {'server CPU us/request':>22}")
         for optimizer in args.optimizer:
