@@ -198,7 +198,7 @@ def test_a_watched_link_goes_down_when_the_peer_closes(van, ctx):
 
 def test_taking_queued_messages_still_services_links_and_queued_sends(van, ctx):
     """recv(0) in a drain polls only every POLL_EVERY messages, but it does poll: a watched link's events are read
-    and a queue waiting for its peer is flushed while messages keep arriving."""
+    and a queue waiting for its peer is flushed while messages keep arriving, with no recv that waits."""
     peer = ctx.socket(zmq.ROUTER)
     port = peer.bind_to_random_port("tcp://127.0.0.1")
     van.connect(1, "127.0.0.1", port, identity_of(8), watch=True)

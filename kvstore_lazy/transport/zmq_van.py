@@ -238,20 +238,16 @@ class ZmqVan:
         sends or connection events were handled. :attr:`last_peer` is the TCP address it came from.
 
         Queued sends and the link monitors are serviced in the poll. It polls whenever a wait is asked for; with
-        none (the runtime taking what is already queued) the receive is tried at once, NOBLOCK, and the poll runs
-        only when there is nothing to take or every POLL_EVERY messages, if there are queued sends or monitors at
-        all (a poll per message cost about as much as the receive). The parts are read with the backend's recv and
-        ``Frame.more`` instead of ``recv_multipart``, whose per-part ``getsockopt(RCVMORE)`` and flag enums cost
-        more than the receive itself for small messages."""
-        serviced = self._waiting or self._monitors
-        if timeout_ms or (serviced and self._unpolled >= POLL_EVERY):
+        none (the runtime taking what is already queued, then waiting with a timeout again) the receive is tried at
+        once, NOBLOCK, and it polls only every POLL_EVERY messages taken, if there are queued sends or monitors at
+        all: a poll per message cost about as much as the receive, and most of a server's messages are taken
+        without a wait. The parts are read with the backend's recv and ``Frame.more`` instead of
+        ``recv_multipart``, whose per-part ``getsockopt(RCVMORE)`` and flag enums cost more than the receive itself
+        for small messages."""
+        if timeout_ms or ((self._waiting or self._monitors) and self._unpolled >= POLL_EVERY):
             if not self._poll(timeout_ms):
                 return None
-        frames = self._take()
-        if frames is None and not timeout_ms and serviced:
-            if self._poll(0):   # nothing to take: service the rest before saying so
-                frames = self._take()
-        return frames
+        return self._take()
 
     def _poll(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for anything; flush writable queues, read link events; whether the ROUTER has

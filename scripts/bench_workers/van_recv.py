@@ -65,7 +65,7 @@ def measure_send(van: ZmqVan, router, message: Message, count: int) -> float:
     received = 0
     deadline = time.monotonic() + 60
     while received < count and time.monotonic() < deadline:
-        van.recv(0)   # what ZeroMQ could not take at once waits in the van's queue: its loop flushes it
+        van.recv(1)   # what ZeroMQ could not take at once waits in the van's queue: a wait (the loop's) flushes it
         if router.poll(100):
             router.recv_multipart()
             received += 1
