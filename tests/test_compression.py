@@ -4,8 +4,6 @@ own dequantize (run in this process through a 'device' KVStore with 2-bit compre
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +12,8 @@ from hypothesis import strategies as st
 
 from kvstore_lazy.compression import TWO_BIT, Compression, CompressionError, compressed_words, dequantize_2bit
 from kvstore_lazy.protocol.message import Message, decode_kv
+from wire_fixtures import load_fixture
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PROFILE = settings(database=None, deadline=None)
 
 # the gradient the captured worker pushed twice (see the header of worker_compressed_session.hex)
@@ -25,25 +23,6 @@ CAPTURED_THRESHOLD = np.float32(0.5)
 
 def captured_gradient() -> np.ndarray:
     return np.random.RandomState(0).uniform(-1, 1, CAPTURED_N).astype(np.float32)
-
-
-def load_fixture(name: str) -> dict[str, list[bytes]]:
-    """Same format as in test_protocol.py: `[name]` blocks of `frame <hex>` lines."""
-    messages: dict[str, list[bytes]] = {}
-    frames = None
-    for raw in (FIXTURES / name).read_text().splitlines():
-        line = raw.split("#", 1)[0]
-        if not line.strip():
-            continue
-        header = re.fullmatch(r"\[([\w-]+)\]\s*", line)
-        if header:
-            frames = messages.setdefault(header.group(1), [])
-        elif line.startswith("frame"):
-            text = line[len("frame"):].strip()
-            frames.append(b"" if text == "-" else bytes.fromhex(text))
-        else:
-            frames[-1] += bytes.fromhex(line)
-    return messages
 
 
 SESSION = load_fixture("worker_compressed_session.hex")

@@ -12,9 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-import re
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +27,7 @@ from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, CMD_EMPTY, DT_
                                           HEARTBEAT, SCHEDULER, SERVER, TERMINATE, WORKER, Control, Meta, Node,
                                           decode_meta, encode_meta)
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from wire_fixtures import load_fixture
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 # Hypothesis: no example database on disk, no per-example deadline flakiness on a loaded CI box (hangs are still
@@ -37,30 +35,6 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 settings.register_profile("protocol", database=None, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 PROFILE = settings.get_profile("protocol")
-
-
-def load_fixture(name: str) -> dict[str, list[bytes]]:
-    """Parse a tests/fixtures/*.hex file: `[name]` blocks of `frame <hex>` lines (see the files' headers)."""
-    messages: dict[str, list[bytes]] = {}
-    frames: list[bytearray] | None = None
-    for lineno, raw in enumerate((FIXTURES / name).read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0]
-        if not line.strip():
-            continue
-        header = re.fullmatch(r"\[([\w-]+)\]\s*", line)
-        if header:
-            frames = messages.setdefault(header.group(1), [])
-            assert not frames, f"{name}:{lineno}: duplicate message name"
-        elif line.startswith("frame"):
-            assert frames is not None, f"{name}:{lineno}: frame outside a message"
-            text = line[len("frame"):].strip()
-            frames.append(bytearray() if text == "-" else bytearray.fromhex(text))
-        elif line[0].isspace():
-            assert frames, f"{name}:{lineno}: continuation without a frame"
-            frames[-1] += bytes.fromhex(line)
-        else:
-            raise AssertionError(f"{name}:{lineno}: cannot parse {raw!r}")
-    return {k: [bytes(f) for f in v] for k, v in messages.items()}
 
 
 COMPRESSED = load_fixture("worker_compressed_session.hex")
