@@ -20,6 +20,7 @@ from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, identity_of
 from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
 from kvstore_lazy.server.fastpath import FastPath
+from kvstore_lazy.server.keys import RowSparseKey
 from kvstore_lazy.worker import lazy_spec_body
 
 UNIFORM = '["uniform", {"scale": 0.07}]'
@@ -203,3 +204,22 @@ def test_odd_key_frames_go_to_the_general_path(frame):
     setup_keys(pair, w0, w1)
     pair.send(w0.frames(proto.command_code(proto.ROW_SPARSE, 0), [frame, b""], push=False, pull=True), fast=False)
     pair.send(w0.frames(proto.command_code(proto.DEFAULT, 0), [frame, b""], push=False, pull=True), fast=False)
+
+
+def test_an_error_making_missing_rows_is_answered_as_the_general_path_answers_it(monkeypatch, caplog):
+    """A failure inside keys.py while the fast path asks it for rows is refused (logged, answered), never raised."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+
+    def broken(self, request, store):
+        raise RuntimeError("no rows today")
+
+    monkeypatch.setattr(RowSparseKey, "pull", broken)
+    before = pair.fast.bad_requests
+    (node, frames), = pair.send(w0.rsp_pull(7, [1, 2]))   # row 2 is not stored: keys.py is asked for it
+    assert node == WORKER0 and pair.fast.bad_requests == before + 1
+    assert "no rows today" in caplog.text
+    # rows all in memory: keys.py's pull is not needed (the reference, which calls it for every pull, refuses)
+    msg = w0.rsp_pull(7, [1, 5])
+    (node, reply), = pair.fast.handle(Message.from_frames([identity_of(WORKER0)] + msg.to_frames()))
+    assert node == WORKER0 and len(reply.data[1]) == 2 * 4 * 4 and pair.fast.bad_requests == before + 1

@@ -100,9 +100,6 @@ class KVServer:
 
     def handle(self, msg: Message) -> list[tuple[int, Message]]:
         """Process one request; return (recipient node id, message) pairs to send, in order."""
-        answer = self.fast.answer(msg)   # a pull answered whole by the fast path (server/fastpath.py), or None
-        if answer is not None:
-            return answer
         if msg.sender == EMPTY:
             log.error("dropping a request from an unidentified node (no ps<id> identity): head %s", msg.meta.head)
             return []
@@ -113,6 +110,9 @@ class KVServer:
         if msg.meta.simple_app:
             return self._command(msg)
         try:
+            answer = self.fast.answer(msg)   # a pull answered by the fast path (server/fastpath.py), or None
+            if answer is not None:
+                return answer
             request = wire.parse(msg, self.key_range)
             return self._data(request)
         except BadRequest as exc:

@@ -26,7 +26,6 @@ from ..protocol import mxnet as mx
 from ..protocol.fast import native
 from ..protocol.kv import MAX_ROW_ID
 from ..protocol.message import Message
-from ..protocol.pbmeta import EMPTY
 from .keys import DenseKey, RowSparseKey
 
 if TYPE_CHECKING:
@@ -50,10 +49,11 @@ class FastPath:
         self.touch = MATERIALIZE_ON_TOUCH
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
-        """The replies to `msg` if it is a pull this path answers whole, else None (nothing was changed)."""
+        """The replies to `msg` if it is a pull this path answers, else None (nothing was changed). Called by
+        KVServer.handle after its own checks (an identified sender, a request, not a command), inside its handler
+        of unexpected errors."""
         meta = msg.meta
-        if meta.pull is not True or meta.push is not False or meta.request is not True or meta.simple_app \
-                or msg.sender == EMPTY:
+        if meta.pull is not True or meta.push is not False:
             return None
         data = msg.data
         if len(data) == 3:
