@@ -17,7 +17,7 @@ LINT_STAMP := $(VENV)/.lint-installed
 venv: $(STAMP) $(KERNELS)
 
 $(STAMP): requirements.txt pyproject.toml setup.py
-	@command -v ss >/dev/null && command -v cc >/dev/null || $(MAKE) system-deps
+	@command -v ss >/dev/null && command -v cc >/dev/null && $(PY_HEADERS) 2>/dev/null || $(MAKE) system-deps
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -115,9 +115,13 @@ test-docker:
 	bash scripts/docker_test.sh
 
 # iproute2 (ip, ss), util-linux (setpriv), and a C compiler for kvstore_lazy/store/kernels.c
+# (and Python's headers, python3-dev, for the extension module protocol/_fast.c, if $(PYTHON) lacks them)
+PY_HEADERS := $(PYTHON) -c "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))"
 system-deps:
-	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null && command -v cc >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux gcc libc6-dev; }
+	@command -v ip >/dev/null && command -v ss >/dev/null && command -v setpriv >/dev/null && command -v cc >/dev/null \
+	  && $(PY_HEADERS) 2>/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux gcc libc6-dev \
+	    python3-dev; }
 
 test-unit: venv k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests

@@ -30,7 +30,7 @@ PIDFILE="$RUN/dockerd.pid"
 PROJECT="kvltest"
 IMAGE="kvstore-lazy:test"
 # gcc + libc6-dev build kvstore_lazy/store/kernels.c in the image
-INCLUDE="python3,python3-venv,libgomp1,libquadmath0,iproute2,ca-certificates,gcc,libc6-dev"
+INCLUDE="python3,python3-venv,python3-dev,libgomp1,libquadmath0,iproute2,ca-certificates,gcc,libc6-dev"
 BASE_IMAGE="kvstore-lazy-base:bookworm-$(echo "$INCLUDE" | md5sum | cut -c1-8)"
 COMPOSE_FILE="$ROOT/docker/docker-compose.yml"
 export DOCKER_HOST="unix://$SOCK" COMPOSE_PROJECT_NAME="$PROJECT" KVSTORE_LAZY_IMAGE="$IMAGE" DOCKER_BUILDKIT=0
