@@ -32,9 +32,10 @@ Disk full / write errors. Space for a segment is reserved when it is created (``
 shows up there, before any record of the batch is written, as a :class:`DiskError` naming the directory; a failing
 ``pwrite``/``fsync`` is one too. The store is unchanged by the failed call (the batch is not indexed).
 
-Reads are batched: the locations of a batch are grouped by segment and each segment's records are gathered with
-one fancy-indexing take on its read-only memory map (sorted offsets, so the kernel reads ahead). No per-row Python
-loop anywhere: the loops are over segments.
+Reads are batched: the records of a batch are read in file order (sorted by segment and offset) by one C loop of
+``pread`` calls (:func:`kernels.pread_records`), split over up to ``READ_THREADS`` threads (ctypes releases the GIL),
+so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
+in the server's RSS. No per-row Python loop anywhere: the loops are over segments.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kernels
 from .rows import RowTable, as_row_ids
 
 FORMAT = "kvstore-lazy-segments/1"
@@ -51,6 +53,16 @@ DEFAULT_SEGMENT_ROWS = 1 << 16
 DEFAULT_COMPACT_RATIO = 0.5
 MAX_SLOTS_BITS = 32
 _SALT = np.uint64(0x9E3779B97F4A7C15)
+READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
+READ_SPLIT = 2048               # ... of at least this many records each
+_POOL: list = []
+
+
+def _pool():
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kvstore-lazy-disk"))
+    return _POOL[0]
 
 
 class SegmentError(ValueError):
@@ -108,7 +120,7 @@ class SegmentStore:
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
-        self._maps: dict[int, np.memmap] = {}
+        self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
         self._active: int | None = None
         self._next_number = 1
         self._dirty: set[str] = set()                       # segment files written since the last commit
@@ -245,8 +257,9 @@ class SegmentStore:
                 continue
             if 1.0 - self._live[slot] / self.segment_rows < ratio:
                 continue
-            records = np.array(self._map(slot)[:self._fill[slot]])
-            self._verify_records(slot, records, np.arange(len(records)))
+            offsets = np.arange(self._fill[slot], dtype=np.int64)
+            records = self._pread(np.full(len(offsets), slot), offsets)
+            self._verify_records(slot, records, offsets)
             index = self._index.lookup(records["id"])
             here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
             live = np.zeros(len(records), bool)
@@ -307,7 +320,15 @@ class SegmentStore:
                 self._read(ids[part], locs[part])
 
     def close(self) -> None:
-        self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError):
+            pass
 
     # -- sizes and stats
 
@@ -333,16 +354,16 @@ class SegmentStore:
     def _locations(self, index: np.ndarray) -> np.ndarray:
         return self._index.arrays()[0][index, 0]
 
-    def _map(self, slot: int) -> np.memmap:
-        mm = self._maps.get(slot)
-        if mm is None:
+    def _fd(self, slot: int) -> int:
+        fd = self._fds.get(slot)
+        if fd is None:
             file = self.path / self._names[slot]
             try:
-                mm = np.memmap(file, self.record_dtype, mode="r", shape=(self.segment_rows,))
-            except (OSError, ValueError) as exc:
+                fd = os.open(file, os.O_RDONLY)
+            except OSError as exc:
                 raise SegmentError(f"segment {file} cannot be read: {exc}") from None
-            self._maps[slot] = mm
-        return mm
+            self._fds[slot] = fd
+        return fd
 
     def _checks(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
         words = records.view(np.uint32).reshape(len(records), self._words).astype(np.uint64)
@@ -364,23 +385,45 @@ class SegmentStore:
                                f"{int(bad.sum()) - 1} more of those read) fails its check")
 
     def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        out = np.empty(len(ids), self.record_dtype)
-        if not len(ids):
-            return out
+        """The records at ``locs`` (of ``ids``), checked, in their order."""
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        order = np.lexsort((offsets, slots))
-        bounds = np.flatnonzero(np.diff(slots[order])) + 1
-        for part in np.split(order, bounds):
-            slot = int(slots[part[0]])
-            try:
-                records = self._map(slot)[offsets[part]]
-            except OSError as exc:
-                raise DiskError(exc.errno, f"disk tier {self.path}: reading {self._names[slot]} failed: "
-                                           f"{exc}") from exc
-            self._verify_records(slot, records, offsets[part], ids[part])
-            out[part] = records
+        out = self._pread(slots, offsets)
+        for slot in np.unique(slots):              # a loop over segments, not rows
+            mine = np.flatnonzero(slots == slot) if len(self._names) > 1 else np.arange(len(slots))
+            self._verify_records(int(slot), out[mine], offsets[mine], ids[mine])
         self.counters["records_read"] += len(ids)
+        return out
+
+    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases
+        the GIL)."""
+        out = np.empty(len(slots), self.record_dtype)
+        if not len(slots):
+            return out
+        order = np.lexsort((offsets, slots))
+        fd_of = np.full(int(slots.max()) + 1, -1, np.int32)
+        for slot in np.unique(slots):
+            fd_of[slot] = self._fd(int(slot))
+        fds, where = fd_of[slots[order]], offsets[order] * self.record_bytes
+        got = np.empty(len(slots), self.record_dtype)
+        parts = max(1, min(READ_THREADS, len(slots) // READ_SPLIT))
+        bounds = np.linspace(0, len(slots), parts + 1).astype(np.int64)
+
+        def read(i: int) -> tuple[int, int]:
+            lo, hi = bounds[i], bounds[i + 1]
+            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi])
+            return err, (row + lo if err else -1)
+
+        results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]
+        for err, row in results:
+            if err:
+                slot = int(slots[order][row])
+                file = self.path / self._names[slot]
+                if err < 0:
+                    raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[order][row])}")
+                raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
+        out[order] = got
         return out
 
     def _new_segment(self) -> int:
@@ -463,7 +506,9 @@ class SegmentStore:
         self._index.remove_slots(index)
 
     def _retire(self, slot: int) -> None:
-        self._maps.pop(slot, None)
+        fd = self._fds.pop(slot, None)
+        if fd is not None:
+            os.close(fd)
         self._retired.append(self._names.pop(slot))
         del self._fill[slot]
         if self._active == slot:
