@@ -319,6 +319,17 @@ class RowTable:
                 self._changed.array[lo:len(self)] = 1
         return slots
 
+    def insert_rows(self, rows: dict) -> np.ndarray:
+        """Add rows given whole (``{"row_ids", "weights", "states", "columns"}`` as :meth:`export` gives them; ids
+        unique and absent), e.g. rows coming back from a disk tier; returns their slots (new: ``len .. len + n``)."""
+        weights = np.asarray(rows["weights"], self.dtype)
+        slots = self.ensure(rows["row_ids"], lambda new: weights)
+        if self.num_states:
+            self.set_states(slots, rows["states"])
+        for name, values in rows["columns"].items():
+            self._columns[name].array[slots] = values
+        return slots
+
     def remove_slots(self, slots) -> np.ndarray:
         """Remove the rows at ``slots`` (unique, in use: else ValueError/IndexError and nothing changes); returns
         their ids. The last rows move into the freed slots (see the module docstring), so slots of other rows change:
@@ -350,6 +361,11 @@ class RowTable:
         """The whole weight and state tables (``capacity`` rows each), to update rows in place by slot. Use them at
         once and drop them: a view still held when the table grows makes it copy instead of growing in place."""
         return [arena.array for arena in self._arenas]
+
+    @property
+    def column_dtypes(self) -> dict:
+        """``{name: dtype}`` of the per-row columns."""
+        return {name: arena.dtype for name, arena in self._columns.items()}
 
     def column(self, name: str) -> np.ndarray:
         """Column ``name`` of every slot (``capacity`` values; those of slots in use are ``[:len(self)]``), to read
