@@ -194,7 +194,9 @@ class RowSparseKey:
     :class:`~kvstore_lazy.store.tier.DiskTier`) instead of dropping them, and :meth:`_promote` is the one place that
     decides what happens to a row not in memory: a touch (pull, push, state write) of rows on disk brings them back
     with one batched read per request, as they left (weights, states, columns), before anything else looks at
-    them. A row is in one tier at a time; "the rows that exist" are both tiers' rows.
+    them. A pull promotes only while the memory budget has room for the rows (else it reads them where they are):
+    a worker checkpoint lists every row and pulls them all, which must not bring the whole disk tier into memory.
+    A row is in one tier at a time; "the rows that exist" are both tiers' rows.
     """
 
     kind = "row_sparse"
@@ -376,13 +378,22 @@ class RowSparseKey:
         if store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
-            self._promote(row_ids)
             slots = self._table.lookup(row_ids)
+            if self.disk is not None and len(self.disk) and (slots < 0).any():
+                on_disk = self.disk.contains(row_ids[slots < 0])
+                if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
+                    self._promote(row_ids)        # room under the budget: they come back
+                    slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0
             rows[present] = self._table.weights(slots[present])
             if not present.all():
-                rows[~present] = self.initial_rows(row_ids[~present])
+                absent = np.flatnonzero(~present)
+                if self.disk is not None and len(self.disk):   # no room: read where they are, not promoted
+                    on_disk = self.disk.contains(row_ids[absent])
+                    rows[absent[on_disk]] = self.disk.read(row_ids[absent[on_disk]])["weights"]
+                    absent = absent[~on_disk]
+                rows[absent] = self.initial_rows(row_ids[absent])
         return rows.astype(self.dtype, copy=False).tobytes()
 
     def use_master_copy(self) -> None:

@@ -435,6 +435,7 @@ class Lifecycle:
         self.wants_clock = bool(self.settings.defaults.ttl_seconds)   # a key with ttl_seconds exists
         self.budget_passes = 0
         self._warned = False
+        self.keys: dict = {}          # the server's keys (the dict apply gets): for headroom()
 
     def policy_for(self, policy: Policy, key: int, seed: int) -> RowPolicy | None:
         """The state a lazy key with ``policy`` keeps, or None when nothing would ever act on its rows."""
@@ -455,6 +456,7 @@ class Lifecycle:
     def apply(self, entry, grad, optimizer, sync: bool, keys: dict) -> None:
         """Apply one update to ``entry`` (a merged round or an async push) and, at an eviction point, run the key's
         TTL sweep and the budget."""
+        self.keys = keys
         policy = getattr(entry, "policy", None)
         if policy is None:
             entry.apply(grad, optimizer)
@@ -467,6 +469,12 @@ class Lifecycle:
                 self.enforce_budget(keys)
 
     # -- the budget
+
+    def headroom(self) -> int:
+        """Bytes left under the memory budget now (0 with no budget)."""
+        if not self.settings.memory_budget:
+            return 0
+        return max(0, self.settings.memory_budget - self.accounted(self.keys))
 
     @staticmethod
     def _tables(keys: dict) -> list:
