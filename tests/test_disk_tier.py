@@ -25,7 +25,7 @@ def run(history, settings=None, pulls=True, **policy):
 
 
 def tables(peer) -> dict:
-    t = peer.server.snapshot()[1][KEY]
+    t = peer.server.keys[KEY].all_rows()
     return {"ids": t["row_ids"].tobytes(), "weights": t["weights"].tobytes(),
             "states": [s.tobytes() for s in t["states"]]}
 
@@ -60,19 +60,34 @@ def test_admission_and_ttl_act_on_both_tiers(tmp_path):
 
 
 def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path):
-    import json
-
+    """Snapshots (full, then deltas) hold the disk tier as a committed store with hard-linked segments; a server
+    restored from them (into another disk directory) continues exactly."""
     from fakepeer import WORKER0, WORKER1, Requests
+    from kvstore_lazy import checkpoint
     from kvstore_lazy.server.core import KVServer
     from test_server import Peer
     history = streams(rounds=40, span=20_000, batch=100)
     free, _ = run(history)
-    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"))
-    a, _ = run(history[:20], settings)
-    meta, snap = a.server.snapshot()
-    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=settings.memory_budget,
-                                                  disk_dir=str(tmp_path / "b"))))
-    b.server.restore(json.loads(json.dumps(meta)), snap)
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
+    a, workers = server(settings=settings)
+    chain = checkpoint.SnapshotChain(tmp_path / "snap", 0, 1, compact_ratio=100.0)
+    for step, per_worker in enumerate(history[:20]):
+        for w, ids in zip(workers, per_worker):
+            a.values(w.rsp_pull(KEY, ids))
+        sync_round(a, workers, per_worker, step)
+        if step % 5 == 4:           # a base, then deltas
+            delta = chain.next_is_delta()
+            meta, snap = a.server.snapshot(delta=delta)
+            chain.write(meta, snap, delta)
+            a.server.snapshot_written()
+    assert (tmp_path / "snap" / "rank0" / "delta-000003" / f"key{KEY}.disk" / "index.npz").exists()
+    seg = next((tmp_path / "snap" / "rank0" / "delta-000003" / f"key{KEY}.disk").glob("seg-*.dat"))
+    assert seg.stat().st_nlink >= 2, "segments are hard-linked, not copied"
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
+                                                  track_changes=True)))
+    b.server.restore(loaded.manifest["server"], loaded.tables)
+    assert b.server.inspect() == a.server.inspect()
     wb = [Requests(WORKER0), Requests(WORKER1)]
     for step, per_worker in enumerate(history[20:], start=20):
         for w, ids in zip(wb, per_worker):
@@ -80,6 +95,26 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path):
         sync_round(b, wb, per_worker, step)
     assert tables(b) == tables(free)
     assert key_stats(b)["disk_rows"] > 0
+
+
+def test_a_damaged_segment_in_a_snapshot_stops_the_restore_naming_it(tmp_path):
+    from kvstore_lazy import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from kvstore_lazy.store.tier import DiskTierFailure
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
+    a, _ = run(streams(rounds=20, span=20_000, batch=100), settings)
+    meta, snap = a.server.snapshot()
+    checkpoint.write_snapshot(tmp_path / "snap", 0, 1, snap, meta)
+    seg = sorted((tmp_path / "snap" / "rank0" / f"key{KEY}.disk").glob("seg-*.dat"))[0]
+    seg.unlink()                 # the snapshot's own copy (a link): the server's files stay good
+    with open(seg, "wb") as f, open(tmp_path / "a" / "rank0" / f"key{KEY}" / seg.name, "rb") as src:
+        data = bytearray(src.read())
+        data[100] ^= 0xFF
+        f.write(data)
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b")))
+    with pytest.raises(DiskTierFailure, match=rf"{seg.name} is damaged: record \d+"):
+        b.restore(loaded.manifest["server"], loaded.tables)
 
 
 def test_state_listing_reads_disk_rows_without_promoting_them(tmp_path):
@@ -90,7 +125,7 @@ def test_state_listing_reads_disk_rows_without_promoting_them(tmp_path):
     before = (len(entry._table), len(entry.disk))
     states = entry.state_rows(ids, 0)
     assert (len(entry._table), len(entry.disk)) == before
-    assert states.tobytes() == tier.server.snapshot()[1][KEY]["states"][0].tobytes()
+    assert states.tobytes() == entry.all_rows()["states"][0].tobytes()
 
 
 def test_disk_dir_needs_a_budget_and_a_foreign_directory_is_left_alone(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 import faultjob
 from common import load
 from kvstore_lazy import checkpoint
+from kvstore_lazy.store.segments import SegmentStore
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +40,22 @@ def run_job(job_factory, name, servers, server_env):
 
 
 def tables(snap, servers) -> dict:
-    """Each server's rows at shutdown: ids, weights, optimizer states (both tiers: the snapshot holds them all)."""
+    """Each server's rows at shutdown: ids, weights, optimizer states; both tiers (the rows of the snapshot's disk
+    store, read independently of the server's code through the record layout, merged with the memory rows)."""
     out = {}
     for rank in range(servers):
         for key, table in checkpoint.load_snapshot(snap, rank).tables.items():
-            out[(rank, key)] = [np.asarray(table["row_ids"]).tobytes(), np.asarray(table["weights"]).tobytes()] + \
-                [s.tobytes() for s in table["states"]]
+            ids, weights, states = table["row_ids"], table["weights"], list(table["states"])
+            if table.get("disk") is not None:
+                store = SegmentStore.open(table["disk"])
+                disk_ids = store.row_ids()
+                payload = store.get(disk_ids)
+                ids = np.concatenate([ids, disk_ids])
+                order = np.argsort(ids)
+                ids, weights = ids[order], np.concatenate([weights, payload["w"]])[order]
+                states = [np.concatenate([st, payload[f"s{i}"]])[order] for i, st in enumerate(states)]
+            out[(rank, key)] = [np.asarray(ids).tobytes(), np.asarray(weights).tobytes()] + \
+                [st.tobytes() for st in states]
     return out
 
 
@@ -80,6 +91,7 @@ def test_killed_server_with_the_tier_recovers_bit_identical_to_memory(tmp_path):
     log = outcome.log
     assert outcome.code == 0, log[-6000:]
     assert "was killed by SIGKILL; restarting it" in log and "journaled requests replayed" in log
+    assert "(delta)" in log, "periodic snapshots must be deltas (each with the disk tier's store)"
     assert faultjob.same_model(faultjob.final(out), faultjob.final(ref)), "the model differs from the memory run"
     assert faultjob.updates_lost(out) == 0
     assert tables(out / "snap", 2) == tables(ref / "snap", 2), "the servers' rows differ from the memory run"

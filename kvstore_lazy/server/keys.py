@@ -522,9 +522,14 @@ class RowSparseKey:
     # -- snapshots and stats
 
     def snapshot(self) -> dict:
-        return self._snapshot(self._all_rows(), None if self.policy is None else self.policy.pending_rows())
+        """The key's state for a server snapshot: the rows in memory (sorted), and with a disk tier its store
+        (``"disk"``: checkpoint commits it into the snapshot, hard-linking its segments: no row is read)."""
+        out = self._snapshot(self._table.export(), None if self.policy is None else self.policy.pending_rows())
+        if self.disk is not None:
+            out["disk"] = self.disk.store
+        return out
 
-    def _all_rows(self) -> dict:
+    def all_rows(self) -> dict:
         """Every row that exists, memory and disk, sorted by id (a copy)."""
         rows = self._table.export()
         if self.disk is None or not len(self.disk):
@@ -558,10 +563,13 @@ class RowSparseKey:
         """What an incremental snapshot holds of this key: the rows created or written since the last snapshot
         (with their columns), ``dead_ids`` for rows removed since then, the same for the pending table, and the
         policy state; the whole key (``mode: full``) if it is new or was rebuilt since."""
-        if self._rebuilt or not self._table.tracks_changes or self.disk is not None:
+        if self._rebuilt or not self._table.tracks_changes:
             return dict(self.snapshot(), mode="full")
         pending = None if self.policy is None else self.policy.pending_rows(changes=True)
-        return dict(self._snapshot(self._table.changes(), pending), mode="delta")
+        out = dict(self._snapshot(self._table.changes(), pending), mode="delta")
+        if self.disk is not None:    # rows demoted since are tombstones of the memory part and rows of the store
+            out["disk"] = self.disk.store
+        return out
 
     def snapshot_written(self) -> None:
         """The state now is on disk (a base or a delta of the snapshot chain): changes start over from here."""
@@ -572,7 +580,7 @@ class RowSparseKey:
 
     def inspect(self) -> dict:
         """Everything a rejected request must leave alone, as bytes (tests compare it before and after)."""
-        table = self.snapshot()
+        table = self._snapshot(self.all_rows(), None if self.policy is None else self.policy.pending_rows())
         merged = self.round.merged if self.round.pending else None
         return {"meta": table["meta"], "storage": self._table.dtype.name, "row_ids": table["row_ids"].tobytes(),
                 "weights": table["weights"].tobytes(), "states": [s.tobytes() for s in table["states"]],
@@ -607,8 +615,15 @@ class RowSparseKey:
         if num_states is not None and entry.num_states != num_states:
             entry._table.set_num_states(num_states)
         entry.rank = int(info.get("rank", 0))
-        if lifecycle is not None:      # a snapshot holds every row: they go back to disk at the next round end
+        if lifecycle is not None:
             entry._open_disk(lifecycle)
+        disk = table.get("disk")                    # the snapshot's disk tier (a committed store's directory)
+        if disk is not None and entry.disk is not None:
+            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table)
+        elif disk is not None:                      # no disk tier now: its rows come into memory
+            for rows in DiskTier.open(disk, entry._table).chunks():
+                entry._table.insert_rows(rows)
+            entry._rebuilt = True
         return entry
 
     def stats(self) -> dict:

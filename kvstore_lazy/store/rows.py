@@ -402,6 +402,10 @@ class RowTable:
         """Ids by slot (a copy)."""
         return self._index.row_ids()
 
+    def row_ids_view(self) -> np.ndarray:
+        """Ids by slot, a view (no copy): use it at once and drop it (as :meth:`arrays`)."""
+        return self._index._keys.array[:len(self)]
+
     def ids_at(self, slots) -> np.ndarray:
         """Ids of the rows at `slots` (in use: else IndexError)."""
         return self._index.ids_at(self._slots(slots))

@@ -39,8 +39,10 @@ in the server's RSS. No per-row Python loop anywhere: the loops are over segment
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -188,8 +190,10 @@ class SegmentStore:
             if not np.isin(slots, list(segments)).all():
                 raise SegmentError(f"{where}: refers to segments it does not list")
             self._live += np.bincount(slots, minlength=len(self._live))
-            self._index = RowTable.load({"row_ids": ids, "weights": locs.reshape(-1, 1), "states": []},
-                                        dtype=np.uint32)
+            if len(np.unique(ids)) != len(ids):
+                raise SegmentError(f"{where}: the index lists a row twice")
+            self._index = RowTable(1, np.uint32, initial_capacity=len(ids))
+            self._index.ensure(ids, lambda new: locs.reshape(-1, 1))
         if verify:
             self.verify()
 
@@ -237,7 +241,7 @@ class SegmentStore:
         return out
 
     def row_ids(self) -> np.ndarray:
-        """Ids of the rows stored, ascending (8 bytes a row)."""
+        """Ids of the rows stored, ascending (a copy: 8 bytes a row)."""
         return np.sort(self._index.row_ids())
 
     def items(self, chunk: int = 1 << 16):
@@ -288,17 +292,17 @@ class SegmentStore:
                 finally:
                     os.close(fd)
             self._dirty.clear()
-            rows = self._index.export()          # sorted by id
-            ids, locs = rows["row_ids"], rows["weights"].reshape(-1)
+            n = len(self._index)   # views of the index's own arrays, by slot: written as they are, never copied
+            ids, locs = self._index.row_ids_view(), self._index.arrays()[0][:n, 0]
             meta = {"next_number": self._next_number, "active": self._active,
                     "segments": [[slot, self._names[slot], self._fill[slot]] for slot in sorted(self._names)]}
             target = self.path if into is None else Path(into)
             if into is not None:
                 target.mkdir(parents=True)
                 for name in [self._names[s] for s in sorted(self._names)] + ["store.json"]:
-                    os.link(self.path / name, target / name)
-            self._atomic(target / "index.npz", _npz(ids=ids, locs=locs,
-                                                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
+                    link_or_copy(self.path / name, target / name)
+            self._atomic(target / "index.npz", lambda f: np.savez(
+                f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
             if into is None:
                 for name in self._retired:
                     (self.path / name).unlink(missing_ok=True)
@@ -514,18 +518,22 @@ class SegmentStore:
         if self._active == slot:
             self._active = None
 
-    def _atomic(self, target: Path, data: bytes) -> None:
+    def _atomic(self, target: Path, data) -> None:
+        """Write ``target`` atomically: ``data`` (bytes, or a function writing to the open file)."""
         tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.write(data) if isinstance(data, bytes) else data(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
         _fsync_dir(target.parent)
 
 
-def _npz(**arrays) -> bytes:
-    import io
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (segments are never rewritten below a committed fill), or a copy across file systems."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copyfile(source, target)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .rows import RowTable, as_row_ids
-from .segments import DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore
+from .segments import DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
 
 STORE_FILE = "store.json"
 COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk")
@@ -89,6 +89,22 @@ class DiskTier:
             raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={Path(path).parent.parent}): "
                                   f"{exc}") from exc
         return cls(path, table, store=store)
+
+    @classmethod
+    def restore(cls, source, path, table: RowTable) -> "DiskTier":
+        """The tier of a snapshot (``source``: a store committed there) as this table's tier in ``path``: its files
+        hard-linked (copied across file systems), every committed record verified (a damaged segment is a
+        DiskTierFailure naming it)."""
+        source, path = Path(source), Path(path)
+        try:
+            clear_dir(path)
+            path.mkdir(parents=True)
+            for file in sorted(source.iterdir()):
+                link_or_copy(file, path / file.name)
+        except (OSError, SegmentError) as exc:
+            raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={path.parent.parent}): cannot "
+                                  f"restore {source}: {exc}") from exc
+        return cls.open(path, table)
 
     def __len__(self) -> int:
         return len(self.store)
