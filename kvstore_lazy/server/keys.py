@@ -291,7 +291,7 @@ class RowSparseKey:
     def _open_disk(self, lifecycle: Lifecycle) -> None:
         """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
         if lifecycle.settings.disk_dir and self.policy is not None:
-            self.disk = DiskTier(self.disk_path(lifecycle), self._table)
+            self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows)
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
@@ -503,6 +503,7 @@ class RowSparseKey:
         tier if there is one, else dropped (their next touch starts them over)."""
         if self.disk is not None:
             self.disk.demote(self._table, slots)
+            self.disk.compact()      # sealed segments past the garbage ratio (promotions leave garbage)
             return len(slots)
         self._table.remove_slots(slots)
         self.policy.counters["evicted_budget"] += len(slots)

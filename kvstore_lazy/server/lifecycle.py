@@ -173,6 +173,7 @@ class Settings:
     admit_cap: int = DEFAULT_ADMIT_CAP
     track_changes: bool = False
     disk_dir: str = ""                  # KVSTORE_LAZY_DISK_DIR: rows the budget pushes out go there (the disk tier)
+    disk_segment_rows: int = 1 << 16    # KVSTORE_LAZY_DISK_SEGMENT_ROWS: records per segment file (a power of two)
 
     def __post_init__(self) -> None:
         if self.evict not in EVICT_KINDS:
@@ -180,6 +181,9 @@ class Settings:
         _real("low_watermark", self.low_watermark, 0.0, 1.0, lo_open=True)
         _whole("admit_cap", self.admit_cap, 1, 1 << 40)
         _whole("memory_budget", self.memory_budget, 0, 1 << 62)
+        _whole("disk_segment_rows", self.disk_segment_rows, 1, 1 << 30)
+        if self.disk_segment_rows & (self.disk_segment_rows - 1):
+            raise ValueError(f"disk_segment_rows must be a power of two, got {self.disk_segment_rows}")
 
     @classmethod
     def from_env(cls, env, track_changes: bool = False) -> "Settings":
@@ -217,7 +221,8 @@ class Settings:
                                  f"holds the rows the memory budget pushes out of memory")
             options["disk_dir"] = disk
         for option, name, kind in (("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
-                                   ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int)):
+                                   ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int),
+                                   ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int)):
             text = env.get(name, "").strip()
             if text:
                 options[option] = number(name, text, kind)
@@ -228,7 +233,8 @@ class Settings:
 
     def to_json(self) -> dict:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
-                "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir}
+                "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
+                "disk_segment_rows": self.disk_segment_rows}
 
 
 COUNTERS = ("admitted", "dropped", "evicted_ttl", "evicted_budget", "forgotten")

@@ -22,7 +22,8 @@ last commit, then writes ``index.npz`` atomically (temp file, fsync, rename, fsy
 again holds exactly what the last commit held; records appended after it are unreferenced garbage. Segments a
 compaction emptied are deleted only at the next commit (the committed index may still refer to them). Since no
 byte of a segment is rewritten below its committed fill, a commit into another directory (:meth:`commit` with
-``into``, for a server snapshot) can hard-link the segment files instead of copying them.
+``into``, for a server snapshot) can hard-link the segment files instead of copying them. A compacted segment no
+commit of this directory refers to is deleted at once (a snapshot holding it keeps its own link).
 
 Damage. Every record carries a check (a position-weighted sum of its 32-bit words, its location and id mixed in),
 verified on every read and, at :meth:`open` with ``verify``, for every committed record: a damaged, truncated or
@@ -127,6 +128,7 @@ class SegmentStore:
         self._next_number = 1
         self._dirty: set[str] = set()                       # segment files written since the last commit
         self._retired: list[str] = []                       # files to delete at the next commit
+        self._committed: set[str] = set()                   # segments this directory's index.npz refers to
         self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
         if _create:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -182,6 +184,7 @@ class SegmentStore:
                 what = "is missing" if size < 0 else f"has {size} bytes, not {self.segment_rows * self.record_bytes}"
                 raise SegmentError(f"segment {file} {what}: the store is damaged")
             self._names[slot], self._fill[slot] = name, fill
+        self._committed = set(self._names.values())
         for file in self.path.glob("seg-*.dat"):     # made after the last commit: garbage
             if file.name not in self._names.values():
                 file.unlink()
@@ -304,6 +307,7 @@ class SegmentStore:
             self._atomic(target / "index.npz", lambda f: np.savez(
                 f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
             if into is None:
+                self._committed = set(self._names.values())
                 for name in self._retired:
                     (self.path / name).unlink(missing_ok=True)
                 self._retired = []
@@ -513,7 +517,11 @@ class SegmentStore:
         fd = self._fds.pop(slot, None)
         if fd is not None:
             os.close(fd)
-        self._retired.append(self._names.pop(slot))
+        name = self._names.pop(slot)
+        if name in self._committed:
+            self._retired.append(name)       # this directory's committed index refers to it: until the next commit
+        else:
+            (self.path / name).unlink(missing_ok=True)     # (a snapshot holding it has a link of its own)
         del self._fill[slot]
         if self._active == slot:
             self._active = None
