@@ -5,11 +5,20 @@
   snapshots), and the rows a worker checkpoint lists (fetch_rows); 1 and 2 servers, dist_sync.
 - kill -9 of a server mid-run with the tier active, recovered from its snapshots and journal: the job ends bit for
   bit where an undisturbed job with everything in memory ends.
+- A disk that fills up (the tier's directory on a small tmpfs mounted in a private mount namespace made for the
+  job): the server logs an ERROR naming the directory and exits with status 4, the job stops with that status, no
+  process is left, and the snapshots written before load cleanly.
+- A server restarted on a damaged segment of its snapshot's disk tier refuses it, naming the file, with status 4.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,4 +106,77 @@ def test_killed_server_with_the_tier_recovers_bit_identical_to_memory(tmp_path):
     assert tables(out / "snap", 2) == tables(ref / "snap", 2), "the servers' rows differ from the memory run"
     demoted = [int(m.group(1)) for m in re.finditer(r"demoted (\d+)", log)]
     assert demoted and max(demoted) > 100, "rows must go to disk on the killed server"
+    assert faultjob.processes_left(outcome.job) == []
+
+
+FULL_JOB = """
+import json, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import faultjob
+disk, out = Path(sys.argv[2]), Path(sys.argv[3])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + sys.argv[4], "tmpfs", str(disk)], check=True)
+env = json.loads(sys.argv[5])
+outcome = faultjob.run(faultjob.make_job(out, restart=0, server_env=env), out, timeout=120)
+print(json.dumps({"code": outcome.code, "left": faultjob.processes_left(outcome.job)}))
+"""
+
+
+def private_mounts_work(where: Path) -> str | None:
+    """None if this process may mount a tmpfs in a private mount namespace, else why not."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare(1) for a private mount namespace"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "size=64k",
+                            "tmpfs", str(where)], capture_output=True, text=True, timeout=30)
+    return None if probe.returncode == 0 else f"the kernel refuses a tmpfs in a private mount namespace: " \
+                                               f"{probe.stderr.strip()}"
+
+
+def test_a_full_disk_stops_the_job_with_an_error_naming_the_directory(tmp_path):
+    disk, out = tmp_path / "tier", tmp_path / "run"
+    disk.mkdir()
+    why = private_mounts_work(disk)
+    if why:
+        pytest.skip(why)
+    # segments of 256 records of 84 B (21 KiB) on a 64 KiB tmpfs: the third segment does not fit
+    env = dict(KILL_ENV, KVSTORE_LAZY_DISK_DIR=str(disk), KVSTORE_LAZY_DISK_SEGMENT_ROWS="256")
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", FULL_JOB,
+                           str(Path(__file__).parent), str(disk), str(out), "64k", json.dumps(env)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    log = (out / "job.log").read_text()
+    assert result["code"] == 4, log[-4000:]
+    m = re.search(r"ERROR .*disk tier failed \(KVSTORE_LAZY_DISK_DIR=(\S+)\): .*(No space left on device|"
+                  r"cannot create a segment).*stopping this server", log)
+    assert m and m.group(1) == str(disk), log[-4000:]
+    assert result["left"] == []
+    assert not os.path.ismount(disk), "the tmpfs lived only in the job's mount namespace"
+    for rank in range(2):            # what was written before is a good snapshot (nothing half-written)
+        loaded = checkpoint.load_snapshot(out / "snap", rank)
+        assert loaded is not None and loaded.tables
+
+
+def test_a_server_restarted_on_a_damaged_segment_refuses_it(tmp_path):
+    """The recovered server of a kill -9 finds its snapshot's disk tier damaged: it stops, naming the segment."""
+    out = tmp_path / "run"
+    env = dict(KILL_ENV, KVSTORE_LAZY_DISK_DIR=str(tmp_path / "disk"), KVSTORE_LAZY_DISK_SEGMENT_ROWS="256")
+
+    def damage_then_kill(job, outcome):
+        snap = out / "snap" / "rank0"
+        segs = sorted(p for p in snap.rglob("seg-*.dat"))
+        assert segs, "the snapshots must hold disk tier segments by now"
+        for seg in segs:             # break the links: the snapshot's copies are damaged (a byte of every record)
+            size = json.loads((seg.parent / "store.json").read_text())["record_bytes"]
+            data = np.frombuffer(seg.read_bytes(), np.uint8).copy().reshape(-1, size)
+            data[:, 20] ^= 0xFF
+            seg.unlink()
+            seg.write_bytes(data.tobytes())
+        faultjob.kill_rank(0)(job, outcome)
+
+    outcome = faultjob.run(faultjob.make_job(out, sleep=0.02, server_env=env), out, fault=damage_then_kill,
+                           at_step=40)
+    log = outcome.log
+    assert outcome.code == 4, log[-5000:]
+    assert re.search(r"ERROR .*seg-\d+\.dat is damaged: record \d+ .*stopping this server", log), log[-5000:]
     assert faultjob.processes_left(outcome.job) == []
