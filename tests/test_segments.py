@@ -213,5 +213,5 @@ def test_index_bytes_per_row_are_small_and_stated(tmp_path):
     ids = np.random.default_rng(0).choice(2**40, 100_000, replace=False).astype(np.uint64)
     store.put(ids, payload(ids))
     per_row = store.index_nbytes() / len(store)
-    assert 12 <= per_row <= 28, per_row          # 8 id + 4 location + 4 / load of buckets
+    assert 17 <= per_row <= 22, per_row          # 8 id + 4 location + 4 / load of buckets (load 0.4 .. 0.8)
     assert store.index_row_nbytes() == 12

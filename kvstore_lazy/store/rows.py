@@ -161,10 +161,13 @@ class RowIndex:
     Not thread-safe: callers serialise access (a concurrent reader only makes growth fall back to copying).
     """
 
-    def __init__(self, capacity: int = 1024, buckets: int | None = None):
+    def __init__(self, capacity: int = 1024, buckets: int | None = None, max_load: float | None = None):
         self._n = 0
+        self.max_load = MAX_LOAD if max_load is None else float(max_load)   # (an index of many rows that are
+        if not 0.0 < self.max_load < 1.0:                                    # rarely looked up: up to 0.8)
+            raise ValueError(f"max_load must be in (0, 1), got {max_load}")
         self._keys = Arena((), np.uint64, capacity)  # row id by slot
-        self._table = self._new_table(capacity if buckets is None else int(buckets * MAX_LOAD))
+        self._table = self._new_table(capacity if buckets is None else int(buckets * self.max_load))
         if buckets is not None and len(self._table) != buckets:
             raise ValueError(f"buckets must be a power of two >= {2 * _MIN_BUCKETS}, got {buckets}")
 
@@ -195,7 +198,7 @@ class RowIndex:
         if start + m > len(self._keys):
             self._keys.grow(_grown_capacity(len(self._keys), start + m), start)
         self._keys.array[start:start + m] = ids
-        if start + m > MAX_LOAD * len(self._table):
+        if start + m > self.max_load * len(self._table):
             self._table = self._rebuilt(start + m)
         else:
             kernels.index_place(self._table, ids, start, _shift(self._table))
@@ -241,11 +244,10 @@ class RowIndex:
 
     # -- internals
 
-    @staticmethod
-    def _new_table(rows: int) -> np.ndarray:
-        """An empty table with room for ``rows`` at ``MAX_LOAD``: a power-of-two count of buckets, all ``-1``."""
-        buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / MAX_LOAD))) - 1).bit_length()
-        return np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
+    def _new_table(self, rows: int) -> np.ndarray:
+        """An empty table with room for ``rows`` at ``max_load``: a power-of-two count of buckets, all ``-1``."""
+        buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / self.max_load))) - 1).bit_length()
+        return np.full(buckets, -1, np.int32 if buckets * self.max_load < _MAX_INT32_SLOTS else np.int64)
 
     def _rebuilt(self, n: int) -> np.ndarray:
         """A new table holding slots ``0 .. n-1``."""
@@ -267,10 +269,11 @@ class RowTable:
     """
 
     def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024,
-                 columns: dict | None = None, track_changes: bool = False, buckets: int | None = None):
+                 columns: dict | None = None, track_changes: bool = False, buckets: int | None = None,
+                 max_load: float | None = None):
         self.row_size = int(row_size)
         self.dtype = np.dtype(dtype)
-        self._index = RowIndex(initial_capacity, buckets)
+        self._index = RowIndex(initial_capacity, buckets, max_load)
         capacity = max(int(initial_capacity), 1)
         # _arenas[0] holds the weights, _arenas[1:] the states; all share one capacity (their first dimension)
         self._arenas = [self._arena(capacity) for _ in range(1 + int(num_states))]
