@@ -215,3 +215,13 @@ def test_index_bytes_per_row_are_small_and_stated(tmp_path):
     per_row = store.index_nbytes() / len(store)
     assert 17 <= per_row <= 22, per_row          # 8 id + 4 location + 4 / load of buckets (load 0.4 .. 0.8)
     assert store.index_row_nbytes() == 12
+
+
+def test_compiled_checks_are_the_documented_function(tmp_path):
+    store = SegmentStore(tmp_path / "s", ODD, segment_rows=8)
+    rng = np.random.default_rng(3)
+    records = np.frombuffer(rng.integers(0, 256, 50 * store.record_bytes, dtype=np.uint8).tobytes(),
+                            store.record_dtype)
+    locs = rng.integers(0, 2**32, 50, dtype=np.uint64).astype(np.uint32)
+    assert np.array_equal(store._checks(records, locs), store._checks_numpy(records, locs))
+    assert len(np.unique(store._checks(records, locs))) == 50

@@ -300,3 +300,20 @@ int64_t pread_records(const int32_t *fds, const int64_t *offsets, int64_t n, int
     }
     return 0;
 }
+
+/* The check of each of n records of `nwords` 32-bit words (segments.py): a position-weighted sum of the words
+ * (mult[k] per word, mod 2^64), the record's location mixed in, folded to 32 bits. Same arithmetic as
+ * segments._checks_numpy. */
+void record_checks(const uint32_t *words, int64_t n, int64_t nwords, const uint64_t *mult, const uint32_t *locs,
+                   uint32_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t *w = words + i * nwords;
+        uint64_t t = 0;
+        for (int64_t k = 0; k < nwords; k++) t += (uint64_t)w[k] * mult[k];
+        t ^= ((uint64_t)locs[i] + 1) * 0x9E3779B97F4A7C15ULL;
+        t ^= t >> 29;
+        t *= 0xBF58476D1CE4E5B9ULL;
+        t ^= t >> 32;
+        out[i] = (uint32_t)t;
+    }
+}

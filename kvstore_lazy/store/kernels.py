@@ -42,6 +42,7 @@ _SIGNATURES = {
     "log_unit_f64": [_ptr, _i64, _ptr],
     "sincos_f64": [_ptr, _i64, _ptr, _ptr],
     "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "record_checks": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64}
@@ -230,6 +231,17 @@ def pread_records(fds: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarr
     failed = np.full(1, -1, np.int64)
     err = _lib.pread_records(_addr(fds), _addr(offsets), len(fds), int(size), _addr(out), _addr(failed))
     return int(err), int(failed[0])
+
+
+def record_checks(words: np.ndarray, mult: np.ndarray, locs: np.ndarray) -> np.ndarray:
+    """uint32 check of each row of ``words`` ((n, nwords) uint32, C-contiguous): see kernels.c."""
+    words = np.ascontiguousarray(words, np.uint32)
+    mult, locs = np.ascontiguousarray(mult, np.uint64), np.ascontiguousarray(locs, np.uint32)
+    if words.ndim != 2 or mult.shape != (words.shape[1],) or locs.shape != (words.shape[0],):
+        raise ValueError(f"record_checks: words {words.shape}, mult {mult.shape}, locs {locs.shape}")
+    out = np.empty(len(words), np.uint32)
+    _lib.record_checks(_addr(words), words.shape[0], words.shape[1], _addr(mult), _addr(locs), _addr(out))
+    return out
 
 
 if __name__ == "__main__":

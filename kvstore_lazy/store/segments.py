@@ -55,7 +55,7 @@ from .rows import RowTable, as_row_ids
 
 FORMAT = "kvstore-lazy-segments/1"
 DEFAULT_SEGMENT_ROWS = 1 << 16
-DEFAULT_COMPACT_RATIO = 0.5
+DEFAULT_COMPACT_RATIO = 0.4
 MAX_SLOTS_BITS = 32
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)
@@ -268,7 +268,7 @@ class SegmentStore:
             if 1.0 - self._live[slot] / self.segment_rows < ratio:
                 continue
             offsets = np.arange(self._fill[slot], dtype=np.int64)
-            records = self._pread(np.full(len(offsets), slot), offsets)
+            records = self._read_segment(slot)
             self._verify_records(slot, records, offsets)
             index = self._index.lookup(records["id"])
             here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
@@ -377,7 +377,13 @@ class SegmentStore:
         return fd
 
     def _checks(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        words = records.view(np.uint32).reshape(len(records), self._words).astype(np.uint64)
+        """The check of each record at its location (compiled: kernels.record_checks; :meth:`_checks_numpy` is
+        the same function in numpy)."""
+        records = np.ascontiguousarray(records)
+        return kernels.record_checks(records.view(np.uint32).reshape(len(records), self._words), self._mult, locs)
+
+    def _checks_numpy(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        words = np.ascontiguousarray(records).view(np.uint32).reshape(len(records), self._words).astype(np.uint64)
         total = (words * self._mult).sum(axis=1, dtype=np.uint64)
         total ^= (locs.astype(np.uint64) + np.uint64(1)) * _SALT
         total ^= total >> np.uint64(29)
@@ -405,6 +411,18 @@ class SegmentStore:
             self._verify_records(int(slot), out[mine], offsets[mine], ids[mine])
         self.counters["records_read"] += len(ids)
         return out
+
+    def _read_segment(self, slot: int) -> np.ndarray:
+        """All records written to a segment, in one read."""
+        size = self._fill[slot] * self.record_bytes
+        file = self.path / self._names[slot]
+        try:
+            data = os.pread(self._fd(slot), size, 0)
+        except OSError as exc:
+            raise DiskError(exc.errno, f"disk tier {self.path}: reading {file.name} failed: {exc}") from exc
+        if len(data) != size:
+            raise SegmentError(f"segment {file} is damaged: it ends before record {len(data) // self.record_bytes}")
+        return np.frombuffer(data, self.record_dtype).copy()
 
     def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases
