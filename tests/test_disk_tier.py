@@ -146,3 +146,25 @@ def test_disk_dir_needs_a_budget_and_a_foreign_directory_is_left_alone(tmp_path)
         run(streams(rounds=1), Settings(memory_budget=1 << 20, disk_dir=str(tmp_path)))
     assert (mine / "notes.txt").read_text() == "not ours"
 
+
+
+def test_a_new_optimizer_resets_the_states_of_rows_on_disk_too(tmp_path):
+    """kController again (a new optimizer: every row's states start over, their number may change): the rows on
+    disk are rewritten to the new layout, as the rows in memory are."""
+    from test_lifecycle import optimizer_body
+    from kvstore_lazy.protocol import mxnet as proto
+    history = streams(rounds=30, span=20_000, batch=100)
+    out = []
+    for settings in (None, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path))):
+        peer, workers = server(settings=settings)
+        for step, per_worker in enumerate(history):
+            if step == 15:
+                peer.ok(workers[0].command(proto.CONTROLLER, optimizer_body("adam", learning_rate=0.01)))
+            for w, ids in zip(workers, per_worker):
+                peer.values(w.rsp_pull(KEY, ids))
+            sync_round(peer, workers, per_worker, step)
+        out.append(tables(peer))
+        if settings is not None:
+            entry = peer.server.keys[KEY]
+            assert entry.num_states == 2 and len(entry.disk) > 0
+    assert out[0] == out[1]

@@ -291,7 +291,8 @@ class RowSparseKey:
     def _open_disk(self, lifecycle: Lifecycle) -> None:
         """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
         if lifecycle.settings.disk_dir and self.policy is not None:
-            self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows)
+            self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows,
+                                 compact_ratio=lifecycle.settings.disk_compact)
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
@@ -416,7 +417,8 @@ class RowSparseKey:
         if self.disk is None:
             return
         old, path = self.disk, self.disk.path
-        new = DiskTier(path.with_name(path.name + ".relayout"), self._table)
+        new = DiskTier(path.with_name(path.name + ".relayout"), self._table, old.store.segment_rows,
+                       compact_ratio=old.store.compact_ratio)
         same_states = old.layout[2] == self._table.num_states
         for rows in old.chunks():
             rows["weights"] = rows["weights"].astype(self._table.dtype)
@@ -430,7 +432,7 @@ class RowSparseKey:
         new.store.commit()
         new.store.close()
         new.path.rename(path)
-        self.disk = DiskTier.open(path, self._table, verify=False)
+        self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio)
         self.disk.counters = new.counters
 
     # -- rows and optimizer states, for worker checkpoints (state_transfer)
@@ -620,7 +622,7 @@ class RowSparseKey:
             entry._open_disk(lifecycle)
         disk = table.get("disk")                    # the snapshot's disk tier (a committed store's directory)
         if disk is not None and entry.disk is not None:
-            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table)
+            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table, lifecycle.settings.disk_compact)
         elif disk is not None:                      # no disk tier now: its rows come into memory
             for rows in DiskTier.open(disk, entry._table).chunks():
                 entry._table.insert_rows(rows)

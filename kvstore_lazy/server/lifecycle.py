@@ -174,6 +174,7 @@ class Settings:
     track_changes: bool = False
     disk_dir: str = ""                  # KVSTORE_LAZY_DISK_DIR: rows the budget pushes out go there (the disk tier)
     disk_segment_rows: int = 1 << 16    # KVSTORE_LAZY_DISK_SEGMENT_ROWS: records per segment file (a power of two)
+    disk_compact: float = 0.25          # KVSTORE_LAZY_DISK_COMPACT: garbage share that gets a sealed segment compacted
 
     def __post_init__(self) -> None:
         if self.evict not in EVICT_KINDS:
@@ -182,6 +183,7 @@ class Settings:
         _whole("admit_cap", self.admit_cap, 1, 1 << 40)
         _whole("memory_budget", self.memory_budget, 0, 1 << 62)
         _whole("disk_segment_rows", self.disk_segment_rows, 1, 1 << 30)
+        _real("disk_compact", self.disk_compact, 0.0, 1.0, lo_open=True)
         if self.disk_segment_rows & (self.disk_segment_rows - 1):
             raise ValueError(f"disk_segment_rows must be a power of two, got {self.disk_segment_rows}")
 
@@ -222,7 +224,8 @@ class Settings:
             options["disk_dir"] = disk
         for option, name, kind in (("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
                                    ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int),
-                                   ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int)):
+                                   ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int),
+                                   ("disk_compact", "KVSTORE_LAZY_DISK_COMPACT", float)):
             text = env.get(name, "").strip()
             if text:
                 options[option] = number(name, text, kind)
@@ -234,7 +237,7 @@ class Settings:
     def to_json(self) -> dict:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
                 "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
-                "disk_segment_rows": self.disk_segment_rows}
+                "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact}
 
 
 COUNTERS = ("admitted", "dropped", "evicted_ttl", "evicted_budget", "forgotten")

@@ -55,7 +55,7 @@ from .rows import RowTable, as_row_ids
 
 FORMAT = "kvstore-lazy-segments/1"
 DEFAULT_SEGMENT_ROWS = 1 << 16
-DEFAULT_COMPACT_RATIO = 0.4
+DEFAULT_COMPACT_RATIO = 0.25     # (KVSTORE_LAZY_DISK_COMPACT; see the README's disk tier costs)
 MAX_SLOTS_BITS = 32
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)

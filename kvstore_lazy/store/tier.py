@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .rows import RowTable, as_row_ids
-from .segments import DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
+from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
@@ -86,14 +86,14 @@ class DiskTier:
 
     @_fatal
     def __init__(self, path, table: RowTable, segment_rows: int = DEFAULT_SEGMENT_ROWS,
-                 store: SegmentStore | None = None) -> None:
+                 store: SegmentStore | None = None, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> None:
         _fix_mmap_threshold()
         self.path = Path(path)
         self.layout = (table.row_size, table.dtype, table.num_states, dict(table.column_dtypes))
         self.record = record_dtype(*self.layout)
         if store is None:
             clear_dir(self.path)
-            store = SegmentStore(self.path, self.record, segment_rows)
+            store = SegmentStore(self.path, self.record, segment_rows, compact_ratio)
         elif store.payload_dtype != self.record:
             raise SegmentError(f"disk tier {self.path}: its records are {store.payload_dtype}, the table's rows "
                                f"{self.record}")
@@ -101,16 +101,17 @@ class DiskTier:
         self.counters = dict.fromkeys(COUNTERS, 0)
 
     @classmethod
-    def open(cls, path, table: RowTable, verify: bool = True) -> "DiskTier":
+    def open(cls, path, table: RowTable, verify: bool = True,
+             compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "DiskTier":
         try:
-            store = SegmentStore.open(path, verify=verify)
+            store = SegmentStore.open(path, verify=verify, compact_ratio=compact_ratio)
         except SegmentError as exc:
             raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={Path(path).parent.parent}): "
                                   f"{exc}") from exc
         return cls(path, table, store=store)
 
     @classmethod
-    def restore(cls, source, path, table: RowTable) -> "DiskTier":
+    def restore(cls, source, path, table: RowTable, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "DiskTier":
         """The tier of a snapshot (``source``: a store committed there) as this table's tier in ``path``: its files
         hard-linked (copied across file systems), every committed record verified (a damaged segment is a
         DiskTierFailure naming it)."""
@@ -123,7 +124,7 @@ class DiskTier:
         except (OSError, SegmentError) as exc:
             raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={path.parent.parent}): cannot "
                                   f"restore {source}: {exc}") from exc
-        return cls.open(path, table)
+        return cls.open(path, table, compact_ratio=compact_ratio)
 
     def __len__(self) -> int:
         return len(self.store)
