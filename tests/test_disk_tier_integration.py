@@ -44,7 +44,8 @@ def run_job(job_factory, name, servers, server_env):
     out = str(job.tmp / "res")
     job.run_workers("lifecycle.py", ["--out", out, "--mode", "dist_sync", "--keys", json.dumps({KEY: {}}),
                                      "--rows", str(ROWS), "--dim", str(DIM), "--steps", str(STEPS),
-                                     "--batch", str(BATCH), "--seed", str(SEED)], timeout=240)
+                                     "--batch", str(BATCH), "--seed", str(SEED), "--fetch-chunk", "3000"],
+                    timeout=240)
     return load(out, 0), job
 
 
@@ -75,6 +76,8 @@ def test_rows_through_disk_and_back_match_the_in_memory_job(job_factory, tmp_pat
                        dict(TIER_ENV, KVSTORE_LAZY_DISK_DIR=str(tmp_path / "disk")))
     assert res["rows3"].tolist() == ref["rows3"].tolist()           # the worker's listing: both tiers
     assert len(ref["rows3"]) > 10_000
+    # a worker checkpoint's values and momentum (fetch_rows(states=True), 3000 rows a pull): both tiers, exact
+    assert res["values3"].tobytes() == ref["values3"].tobytes() and res["state3"].tobytes() == ref["state3"].tobytes()
     assert tables(job.tmp / "snap", servers) == tables(ref_job.tmp / "snap", servers)
     demoted = promoted = on_disk = 0
     for rank in range(servers):
