@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvstore_lazy.store.segments import DiskError, SegmentError, SegmentStore
+from kvstore_lazy.store.segments import SegmentError, SegmentStore
 
 PAYLOAD = np.dtype([("w", "<f4", (3,)), ("s0", "<f4", (3,)), ("last", "<i4")])
 ODD = np.dtype([("w", "<f2", (3,))])        # 6 bytes: records are padded to whole 32-bit words

@@ -520,7 +520,7 @@ class SegmentStore:
         self.counters["records_written"] += len(records)
 
     def _pwrite(self, slot: int, records: np.ndarray, start: int) -> None:
-        data = memoryview(np.ascontiguousarray(records)).cast("B")
+        data = np.ascontiguousarray(records).view(np.uint8).data
         fd = os.open(self.path / self._names[slot], os.O_WRONLY)
         try:
             offset, done = start * self.record_bytes, 0

@@ -62,8 +62,8 @@ KVSTORE_LAZY_DISK_DIR = "KVSTORE_LAZY_DISK_DIR"
 
 def record_dtype(row_size: int, dtype, num_states: int, columns: dict) -> np.dtype:
     """The payload of one row on disk: ``w`` (the weights), ``s0``.. (the states), ``c_<name>`` (the columns)."""
-    fields = [("w", np.dtype(dtype), (row_size,))] + [(f"s{i}", np.dtype(dtype), (row_size,))
-                                                      for i in range(num_states)]
+    fields: list[tuple] = [("w", np.dtype(dtype), (row_size,))]
+    fields += [(f"s{i}", np.dtype(dtype), (row_size,)) for i in range(num_states)]
     fields += [(f"c_{name}", np.dtype(col)) for name, col in columns.items()]
     return np.dtype(fields)
 
