@@ -17,6 +17,7 @@ stored value is a float32 master copy and pulls get it cast back (CreateMultiPre
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -427,7 +428,6 @@ class RowSparseKey:
             new.store.put(rows["row_ids"], new._pack(rows))
         new.counters = old.counters
         old.store.close()
-        import shutil
         shutil.rmtree(path)
         new.store.commit()
         new.store.close()
