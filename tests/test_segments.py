@@ -225,3 +225,15 @@ def test_compiled_checks_are_the_documented_function(tmp_path):
     locs = rng.integers(0, 2**32, 50, dtype=np.uint64).astype(np.uint32)
     assert np.array_equal(store._checks(records, locs), store._checks_numpy(records, locs))
     assert len(np.unique(store._checks(records, locs))) == 50
+
+
+def test_a_lean_rehash_index_finds_what_a_default_one_finds():
+    from kvstore_lazy.store.rows import RowIndex
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(0, 2**64, 50_000, dtype=np.uint64))
+    lean, plain = RowIndex(16, max_load=0.8, lean_rehash=True), RowIndex(16)
+    for lo in range(0, len(ids), 997):
+        assert lean.insert(ids[lo:lo + 997]).tolist() == plain.insert(ids[lo:lo + 997]).tolist()
+    probe = np.concatenate([ids[::7], rng.integers(0, 2**64, 1000, dtype=np.uint64)])
+    assert lean.lookup(probe).tolist() == plain.lookup(probe).tolist()
+    assert lean.buckets == 65536 and plain.buckets == 131072          # 50k rows at loads <= 0.8 and <= 0.5

@@ -161,8 +161,10 @@ class RowIndex:
     Not thread-safe: callers serialise access (a concurrent reader only makes growth fall back to copying).
     """
 
-    def __init__(self, capacity: int = 1024, buckets: int | None = None, max_load: float | None = None):
+    def __init__(self, capacity: int = 1024, buckets: int | None = None, max_load: float | None = None,
+                 lean_rehash: bool = False):
         self._n = 0
+        self.lean_rehash = lean_rehash    # drop the old table before building the new one (see _grow_table)
         self.max_load = MAX_LOAD if max_load is None else float(max_load)   # (an index of many rows that are
         if not 0.0 < self.max_load < 1.0:                                    # rarely looked up: up to 0.8)
             raise ValueError(f"max_load must be in (0, 1), got {max_load}")
@@ -199,7 +201,7 @@ class RowIndex:
             self._keys.grow(_grown_capacity(len(self._keys), start + m), start)
         self._keys.array[start:start + m] = ids
         if start + m > self.max_load * len(self._table):
-            self._table = self._rebuilt(start + m)
+            self._grow_table(start, m)
         else:
             kernels.index_place(self._table, ids, start, _shift(self._table))
         self._n = start + m
@@ -249,6 +251,21 @@ class RowIndex:
         buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / self.max_load))) - 1).bit_length()
         return np.full(buckets, -1, np.int32 if buckets * self.max_load < _MAX_INT32_SLOTS else np.int64)
 
+    def _grow_table(self, start: int, m: int) -> None:
+        """A larger table for ``start + m`` rows. By default built before the old one goes (peak 1.5x the new
+        table, and a failure leaves the index as it was); with ``lean_rehash`` (a large index whose memory is
+        budgeted: a disk tier's) the old one goes first (peak: the new table), and if building the new one fails
+        the old size is rebuilt from the ids before the error goes on."""
+        if not self.lean_rehash:
+            self._table = self._rebuilt(start + m)
+            return
+        del self._table
+        try:
+            self._table = self._rebuilt(start + m)
+        except MemoryError:
+            self._table = self._rebuilt(start)
+            raise
+
     def _rebuilt(self, n: int) -> np.ndarray:
         """A new table holding slots ``0 .. n-1``."""
         table = self._new_table(n)
@@ -270,10 +287,10 @@ class RowTable:
 
     def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024,
                  columns: dict | None = None, track_changes: bool = False, buckets: int | None = None,
-                 max_load: float | None = None):
+                 max_load: float | None = None, lean_rehash: bool = False):
         self.row_size = int(row_size)
         self.dtype = np.dtype(dtype)
-        self._index = RowIndex(initial_capacity, buckets, max_load)
+        self._index = RowIndex(initial_capacity, buckets, max_load, lean_rehash)
         capacity = max(int(initial_capacity), 1)
         # _arenas[0] holds the weights, _arenas[1:] the states; all share one capacity (their first dimension)
         self._arenas = [self._arena(capacity) for _ in range(1 + int(num_states))]

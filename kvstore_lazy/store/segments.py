@@ -122,7 +122,7 @@ class SegmentStore:
         self._mult = (np.arange(self._words, dtype=np.uint64) * np.uint64(2) + np.uint64(0x2545F491)) \
             & np.uint64(0xFFFFFFFF)
         self._mult[2] = 0                                   # the check word itself (after the 8-byte id)
-        self._index = RowTable(1, np.uint32, max_load=INDEX_LOAD)
+        self._index = RowTable(1, np.uint32, max_load=INDEX_LOAD, lean_rehash=True)
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
@@ -198,7 +198,7 @@ class SegmentStore:
             self._live += np.bincount(slots, minlength=len(self._live))
             if len(np.unique(ids)) != len(ids):
                 raise SegmentError(f"{where}: the index lists a row twice")
-            self._index = RowTable(1, np.uint32, initial_capacity=len(ids), max_load=INDEX_LOAD)
+            self._index = RowTable(1, np.uint32, initial_capacity=len(ids), max_load=INDEX_LOAD, lean_rehash=True)
             self._index.ensure(ids, lambda new: locs.reshape(-1, 1))
         if verify:
             self.verify()

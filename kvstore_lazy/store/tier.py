@@ -19,6 +19,7 @@ from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, Se
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
+DEMOTE_CHUNK = 1 << 16          # rows written to disk per step of a demotion
 _FIXED: list = []
 
 
@@ -138,11 +139,20 @@ class DiskTier:
     def demote(self, table: RowTable, slots: np.ndarray) -> np.ndarray:
         """Write the rows at ``slots`` to disk, then remove them from ``table``; returns their ids. If the write
         fails (DiskError) the table is unchanged."""
-        rows = table.export(np.asarray(slots, np.int64))
-        self.store.put(rows["row_ids"], self._pack(rows))
+        slots = np.asarray(slots, np.int64)
+        written: list[np.ndarray] = []
+        try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
+            for lo in range(0, len(slots), DEMOTE_CHUNK):
+                rows = table.export(slots[lo:lo + DEMOTE_CHUNK])
+                self.store.put(rows["row_ids"], self._pack(rows))
+                written.append(rows["row_ids"])
+        except (DiskError, SegmentError):
+            for ids in written:       # a row is in one tier: those written go again (the table keeps them)
+                self.store.delete(ids)
+            raise
         table.remove_slots(slots)
-        self.counters["demoted"] += len(rows["row_ids"])
-        return rows["row_ids"]
+        self.counters["demoted"] += len(slots)
+        return np.concatenate(written) if written else np.zeros(0, np.uint64)
 
     @_fatal
     def promote(self, table: RowTable, row_ids: np.ndarray) -> int:
