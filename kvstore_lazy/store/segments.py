@@ -21,19 +21,20 @@ in :meth:`SegmentStore.index_nbytes`. 50 million rows on disk: 0.85 to 1.1 GB of
 
 Durability. The index file is the commit point: :meth:`SegmentStore.commit` fsyncs the segments written since the
 last commit, then writes ``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened
-again holds exactly what the last commit held; records appended after it are unreferenced garbage. Segments a
-compaction emptied are deleted only at the next commit (the committed index may still refer to them). Since no
-byte of a segment is rewritten below its committed fill, a commit into another directory (:meth:`commit` with
-``into``, for a server snapshot) can hard-link the segment files instead of copying them. A compacted segment no
-commit of this directory refers to is deleted at once (a snapshot holding it keeps its own link).
+again holds exactly what the last commit held; records appended after it are unreferenced garbage. A segment a
+compaction emptied is deleted at once, unless this directory's committed index refers to it (then at the next
+commit). Since no byte of a segment is rewritten below its committed fill, a commit into another directory
+(:meth:`commit` with ``into``, for a server snapshot) can hard-link the segment files instead of copying them (a
+snapshot holding a segment keeps its own link when the store deletes it).
 
 Damage. Every record carries a check (a position-weighted sum of its 32-bit words, its location and id mixed in),
 verified on every read and, at :meth:`open` with ``verify``, for every committed record: a damaged, truncated or
 missing segment is a :class:`SegmentError` naming the file (and the record), never wrong values.
 
 Disk full / write errors. Space for a segment is reserved when it is created (``posix_fallocate``), so a full disk
-shows up there, before any record of the batch is written, as a :class:`DiskError` naming the directory; a failing
-``pwrite``/``fsync`` is one too. The store is unchanged by the failed call (the batch is not indexed).
+shows up there, never as a half-written record, as a :class:`DiskError` naming the directory; a failing
+``pwrite``/``fsync`` is one too. The store's contents are unchanged by the failed call (nothing of the batch is
+indexed; records it wrote before the failure are unreferenced garbage).
 
 Reads are batched: the records of a batch are read in file order (sorted by segment and offset) by one C loop of
 ``pread`` calls (:func:`kernels.pread_records`), split over up to ``READ_THREADS`` threads (ctypes releases the GIL),
@@ -59,6 +60,7 @@ DEFAULT_COMPACT_RATIO = 0.25     # (KVSTORE_LAZY_DISK_COMPACT; see the README's 
 MAX_SLOTS_BITS = 32
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)
+INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
 _POOL: list = []
@@ -344,8 +346,13 @@ class SegmentStore:
     # -- sizes and stats
 
     def index_nbytes(self) -> int:
-        """Memory the index takes (exact): ids, locations, hash buckets."""
-        return self._index.nbytes()
+        """Memory the index takes (exact: ids, locations, hash buckets), plus, once it is within
+        ``INDEX_RESERVE`` of its next rehash, the buckets that rehash adds: a memory budget counting this makes
+        room for the larger table before it is built (the old one goes first: lean_rehash), so the rehash of a
+        large index never takes the process past its accounted bytes."""
+        n, buckets = len(self._index), self._index.buckets
+        extra = buckets * self._index._index._table.itemsize if n >= INDEX_RESERVE * INDEX_LOAD * buckets else 0
+        return self._index.nbytes() + extra
 
     def index_row_nbytes(self) -> int:
         """Index bytes one row adds (the buckets aside)."""
