@@ -52,7 +52,8 @@ def main() -> int:
     parser.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
     args = parser.parse_args()
     budget = parse_bytes(args.budget)
-    disk = args.disk_dir or tempfile.mkdtemp(prefix="tiered-")
+    temp = None if args.disk_dir else tempfile.TemporaryDirectory(prefix="tiered-")   # removed at exit
+    disk = args.disk_dir or temp.name
     settings = Settings(memory_budget=budget, disk_dir=disk if budget else "")
     server, workers, handle = start("sgd", lifecycle=settings)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.rows, args.dim), "float32",
