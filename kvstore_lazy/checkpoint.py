@@ -162,6 +162,8 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
     try:
         fill(tmp)
         for child in tmp.iterdir():
+            if child.is_dir():        # a disk tier's store: committed (fsynced) by its own commit
+                continue
             with open(child, "rb") as fh:
                 os.fsync(fh.fileno())
         _fsync_dir(tmp)
@@ -205,7 +207,24 @@ def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
         entry["mode"] = table["mode"]
     if checksum:
         entry["sha256"] = _file_digest(path)[0]
+    disk = table.get("disk")
+    if disk is not None:     # the key's disk tier: committed into the snapshot, its segments hard-linked
+        name = f"key{key}.disk"
+        disk.commit(into=directory / name)
+        entry["disk"], entry["disk_sha256"] = name, _file_digest(directory / name / "index.npz")[0]
     return entry
+
+
+def _disk_of(path: Path, key: str, info: dict) -> Path | None:
+    """The disk tier store a snapshot holds for a key (checked against the manifest's checksum of its index)."""
+    if not info.get("disk"):
+        return None
+    where = path / info["disk"]
+    index = where / "index.npz"
+    if not index.exists() or _file_digest(index)[0] != info.get("disk_sha256"):
+        raise SnapshotError(f"{index}: the disk tier of key {key} is missing or corrupted (checksum differs from "
+                            f"its manifest); refusing to load")
+    return where
 
 
 def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dict], server: dict | None,
@@ -488,6 +507,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
     rank_dir = directory / f"rank{rank}"
     tables = {int(k): dict(_read_key(rank_dir / f"key{k}.npz", info), meta=info)
               for k, info in manifest["keys"].items()}
+    disks = {int(k): _disk_of(rank_dir, k, info) for k, info in manifest["keys"].items()}
     chain_id = manifest.get("chain", {}).get("id")
     chain = None
     if chain_id is not None:
@@ -520,6 +540,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
                 raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
                                     f"to load")
             table, key = dict(_read_key(file, info), meta=info), int(k)
+            disks[key] = _disk_of(path, k, info)       # the newest snapshot's disk tier is the key's
             if info.get("mode") != "delta":
                 changes[key] = ("full", table)
             elif key in changes:
@@ -536,6 +557,9 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
         tables[key] = _fold(tables[key], table, base=True) if mode == "delta" else table
         tables[key]["meta"] = dict(tables[key]["meta"], rows=len(tables[key]["row_ids"]))
         tables[key]["meta"].pop("mode", None)
+    for key, disk in disks.items():
+        if disk is not None:
+            tables[key]["disk"] = disk
     return Loaded(dict(manifest, server=server), tables, chain)
 
 

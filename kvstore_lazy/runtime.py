@@ -68,6 +68,7 @@ from .protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
 from .promexport import Exporter, address_from_env
 from .server.core import KVServer, node_name
 from .server.lifecycle import Settings as LifecycleSettings
+from .store.tier import DiskTierFailure
 from .server.resume import ResumeGate
 from .transport.zmq_van import QUEUE_BYTES, QUEUE_MESSAGES, BindError, ConnectError, ZmqVan
 
@@ -416,6 +417,9 @@ class ServerNode:
         except SchedulerLost as exc:
             log.error("%s; exiting", exc)
             return 3
+        except DiskTierFailure as exc:     # a full or failing disk under the disk tier: stop, no snapshot
+            log.error("%s; stopping this server (no snapshot written: the last one stays good)", exc)
+            return 4
         finally:
             if self.journal is not None:
                 self.journal.close()
@@ -911,7 +915,10 @@ class ServerNode:
         for key, s in self.server.stats()["sparse"].items():
             log.info("stats (%s): key %s rows %d bytes %d%s", when, key, s["rows"], s["bytes"],
                      "".join(f" {name} {s[name]}" for name in ("pending", "admitted", "dropped", "evicted")
-                             if name in s))
+                             if name in s)
+                     + ("".join(f" {name} {s[name]}" for name in ("disk_rows", "disk_bytes", "disk_index_bytes",
+                                                                  "promoted", "demoted"))
+                        + f" hit_rate {s['hit_rate']:.4f}" if "disk_rows" in s else ""))
         log.info("stats (%s): received %d bytes, sent %d bytes", when, self.van.bytes_received, self.van.bytes_sent)
 
     def _send_control(self, node_id: int, msg: Message) -> None:

@@ -151,6 +151,12 @@ def _pull_rows(kv, key, shape, dtype, row_ids: np.ndarray) -> tuple[np.ndarray, 
     return out.indices.asnumpy().astype(np.int64), out.data.asnumpy()
 
 
+# Rows (and virtual rows of ROWS_WIDTH values) per pull of fetch_rows/fetch_states: a server answers a checkpoint's
+# reads in pieces of this size (rows on a disk tier are read from disk piece by piece, never all at once).
+FETCH_ROWS = 1 << 18
+FETCH_VIRTUAL_ROWS = 1 << 16
+
+
 def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = False):
     """The rows of lazy key `key` that exist on the servers: ``(row_ids, values)`` or, with ``states=True``,
     ``(row_ids, values, [state arrays])``. Row ids are sorted int64; values are ``(len(row_ids),) + shape[1:]``.
@@ -169,7 +175,8 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
     if len(ids) == 0:
         empty = np.zeros((0,) + row_shape, dtype)
         return (ids, empty, [empty.astype(np.float32) for _ in range(num_states)]) if states else (ids, empty)
-    got, values = _pull_rows(kv, key, shape, dtype, ids)
+    parts = [_pull_rows(kv, key, shape, dtype, ids[lo:lo + FETCH_ROWS]) for lo in range(0, len(ids), FETCH_ROWS)]
+    got, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     assert np.array_equal(got, ids)
     if not states:
         return ids, values
@@ -251,7 +258,9 @@ def _read_chunks(kv, virtual: int, dtype, counts: list[int], first_row: int) -> 
     rows = np.concatenate(wanted).astype(np.int64)
     if len(rows) == 0:
         return [np.zeros(0, dtype) for _ in counts]
-    got, chunks = _pull_rows(kv, _vkey(kv, virtual), _virtual_shape(servers), dtype, rows)
+    pulled = [_pull_rows(kv, _vkey(kv, virtual), _virtual_shape(servers), dtype, rows[lo:lo + FETCH_VIRTUAL_ROWS])
+              for lo in range(0, len(rows), FETCH_VIRTUAL_ROWS)]
+    got, chunks = np.concatenate([p[0] for p in pulled]), np.concatenate([p[1] for p in pulled])
     assert np.array_equal(got, rows)
     out, at = [], 0
     for s, c in enumerate(counts):

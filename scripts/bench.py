@@ -32,7 +32,7 @@ Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lif
 log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
-    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle]
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered]
                             [--out bench-results] [--profile] [--no-stock] [--verbose] [--report-only]
 
 --quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01), plus the lifecycle
@@ -40,7 +40,9 @@ scenario's 5 (~40 s on 2026-12-01); the default (full) preset ~6 minutes on the 
 2026-11-30) plus the step scenario's 8 and the lifecycle scenario's 5 (about 5 minutes: its unbounded run stores
 10.3M rows, ~620 MiB per server), and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB
 for a stock worker building a (1e7, 64) weight. --report-only rebuilds the tables, JSON and plots from the job
-records a run left in --out. scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
+records a run left in --out. The tiered scenario (the disk tier) takes ~30 s with --quick and ~5 minutes full, and
+writes ~14 GB of segments under --out in its full scale run (checked against the free space first; deleted after).
+scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
 sockets), steady enough for an optimisation's before/after.
 """
 from __future__ import annotations
@@ -78,7 +80,7 @@ MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered")
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -96,6 +98,8 @@ PRESETS = {
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         "lifecycle": {"input_dim": 10_000_000, "dim": 8, "fields": 4, "batch": 2048, "steps": 120, "drift": 2,
                       "budget": "8MiB", "snapshot_interval": 1, "probe_wait": 2.5, "env": {}},
+        "tiered": {"dim": 32, "batch": 8192, "scale_rows": 2_000_000, "scale_input_dim": 4_000_000,
+                   "scale_budget": "128MiB", "zipf_budget": "16MiB", "zipf_steps": 40},
         "timeout": 240,
     },
     "full": {
@@ -113,6 +117,9 @@ PRESETS = {
         "lifecycle": {"input_dim": 268_000_000, "dim": 8, "fields": 4, "batch": 8192, "steps": 1200, "drift": 4,
                       "budget": "256MiB", "snapshot_interval": 20, "probe_wait": 45,
                       "env": {"KVSTORE_LAZY_ADMIT_CAP": "4000000"}},
+        # 50M rows of D=32 SGD momentum under 1 GiB (~14 GB of segments: checked against df first)
+        "tiered": {"dim": 32, "batch": 8192, "scale_rows": 50_000_000, "scale_input_dim": 60_000_000,
+                   "scale_budget": "1GiB", "zipf_budget": "256MiB", "zipf_steps": 120},
         "timeout": 1800,
     },
 }
@@ -1148,6 +1155,132 @@ def scenario_lifecycle(bench: Bench) -> tuple[str, dict, list[dict]]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 7: the disk tier (KVSTORE_LAZY_DISK_DIR under KVSTORE_LAZY_MEMORY_BUDGET)
+
+# accounted bytes of one memory row of the tiered jobs: D=32 float32 weights + momentum, 8 B of policy columns, 8 B id
+TIER_ROW_BYTES = 2 * 32 * 4 + 8 + 8
+TIER_RECORD_BYTES = 8 + 4 + 2 * 32 * 4 + 8      # a segment record: id, check, weights, momentum, columns
+
+
+def tiered_disk_dir(bench: Bench, name: str) -> Path:
+    path = bench.runs_dir / f"tiered-disk-{name}"
+    if not bench.args.report_only and path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def tier_stats(run: Run) -> dict:
+    """The last stats line of the (one) server for the row key: memory and disk rows, bytes, hit rate."""
+    per_server = next(iter(run.stats.values()), [])
+    return per_server[-1]["sparse"].get(str(ROW_KEY), {}) if per_server else {}
+
+
+def per_worker_rates(run: Run, phase: int) -> tuple[float | None, float | None]:
+    """(rows/s per worker: mean over workers of rows pulled+pushed per second of their own request time, p99 ms of
+    one pull + push) in phase `phase`."""
+    rates, lat = [], []
+    for rank in range(NUM_WORKERS):
+        rec = next((r for r in run.of("phase", rank) if r["index"] == phase), None)
+        if rec is None:
+            continue
+        steps = [a + b for a, b in zip(rec["pull_ms"], rec["push_ms"])]
+        rates.append(rec["batch"] * len(steps) / (sum(steps) / 1e3))
+        lat += steps
+    return (float(np.mean(rates)) if rates else None,
+            float(np.percentile(lat, 99)) if lat else None)
+
+
+def scenario_tiered(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["tiered"]
+    batch, dim = c["batch"], c["dim"]
+    per_step = NUM_WORKERS * batch
+    rows: list[list[str]] = []
+    data: dict = {}
+    # (a) scale: fill one server with scale_rows fresh rows under scale_budget
+    scale_budget = parse_bytes(c["scale_budget"])
+    disk = tiered_disk_dir(bench, "scale")
+    need = c["scale_rows"] * TIER_RECORD_BYTES * 1.2
+    free = shutil.disk_usage(bench.runs_dir).free
+    if need > free and not bench.args.report_only:
+        raise RuntimeError(f"the scale run needs ~{fmt_bytes(need)} free in {bench.runs_dir}, {fmt_bytes(free)} are")
+    steps = -(-c["scale_rows"] // per_step)
+    base = worker("rows.py") + ["--server", "lazy", "--dim", str(dim), "--optimizer", "sgd"]
+    env = {"KVSTORE_LAZY_MEMORY_BUDGET": str(scale_budget), "KVSTORE_LAZY_DISK_DIR": str(disk)}
+    run = bench.job("tiered-scale", "lazy", base + ["--input-dim", str(c["scale_input_dim"]), "--phases",
+                                                    f"{batch}:{steps}:fresh", "--rss-every", str(max(1, steps // 20))],
+                    timeout=max(bench.cfg["timeout"], steps * 2), server_env=env, sample_peaks=True)
+    st = tier_stats(run)
+    peak = max((p for p in run.server_peaks if p), default=None)
+    stored = int(st.get("rows", 0)) + int(st.get("disk_rows", 0))
+    wall = next((r["wall"] for r in run.of("phase") if r["index"] == 0), None)
+    raw = 2 * dim * 4
+    disk_per_row = st.get("disk_bytes", 0) / st["disk_rows"] if st.get("disk_rows") else None
+    rows.append(["(a) scale, 1 server", "rows stored (memory + disk)", f"{num(st.get('rows'))} + "
+                 f"{num(st.get('disk_rows'))} = {num(stored)}", "",
+                 verdict(stored >= c["scale_rows"], f">= {num(c['scale_rows'])}")])
+    rows.append(["", f"server peak RSS (VmHWM), budget {mib(scale_budget)}", mib(peak), "",
+                 verdict(peak is not None and peak <= scale_budget + 150 * MiB,
+                         f"<= budget + 150 MB = {mib(scale_budget + 150 * MiB)}")])
+    rows.append(["", "accounted bytes (memory rows + disk index) / disk index bytes per disk row",
+                 f"{mib(st.get('bytes', 0) + st.get('disk_index_bytes', 0))} / "
+                 f"{st.get('disk_index_bytes', 0) / max(1, st.get('disk_rows', 1)):.1f} B", "", ""])
+    rows.append(["", "filling: rows/s (2 workers, pull + push of fresh rows)",
+                 f"{stored / wall:,.0f}" if wall else "-", "", ""])
+    rows.append(["(c) bytes on disk", "per row on disk, after the fill", f"{disk_per_row:.1f} B"
+                 if disk_per_row else "-", ratio(disk_per_row, raw),
+                 verdict(disk_per_row is not None and disk_per_row <= 1.5 * raw, f"<= 1.5 x raw ({raw} B)")])
+    if not run.ok:
+        rows.append(["", "job FAILED", run.log, "", ""])
+    data["scale"] = {"stats": st, "peak_rss": peak, "budget": scale_budget, "wall": wall, "status": run.status}
+    shutil.rmtree(disk, ignore_errors=True)
+    # (b) Zipf(1.2) over a working set 5x the budget: everything in memory vs the tier, side by side
+    zipf_budget = parse_bytes(c["zipf_budget"])
+    working = -(-5 * zipf_budget // TIER_ROW_BYTES // per_step) * per_step
+    fill = working // per_step
+    phases = ["--phases", f"{batch}:{fill}:fresh,{batch}:{c['zipf_steps']}:zipf"]
+    results = {}
+    for name in ("memory", "tier"):
+        disk = tiered_disk_dir(bench, name)
+        env = {} if name == "memory" else {"KVSTORE_LAZY_MEMORY_BUDGET": str(zipf_budget),
+                                           "KVSTORE_LAZY_DISK_DIR": str(disk)}
+        run = bench.job(f"tiered-zipf-{name}", "lazy", base + ["--input-dim", str(working)] + phases,
+                        timeout=max(bench.cfg["timeout"], (fill + c["zipf_steps"]) * 3), server_env=env,
+                        sample_peaks=True)
+        rate, p99 = per_worker_rates(run, 1)
+        results[name] = {"rate": rate, "p99_ms": p99, "stats": tier_stats(run), "status": run.status,
+                         "peak_rss": max((p for p in run.server_peaks if p), default=None)}
+        shutil.rmtree(disk, ignore_errors=True)
+    mem, tier = results["memory"], results["tier"]
+    rows.append([f"(b) Zipf(1.2), {num(working)} rows", "rows/s per worker: all in memory / tier",
+                 f"{num(mem['rate'])} / {num(tier['rate'])}", ratio(tier["rate"], mem["rate"]),
+                 verdict(bool(tier["rate"] and mem["rate"] and tier["rate"] >= 0.5 * mem["rate"]),
+                         ">= 50% of in memory")])
+    rows.append(["", "p99 of pull + push (ms): in memory / tier",
+                 f"{mem['p99_ms']:.1f} / {tier['p99_ms']:.1f}" if mem["p99_ms"] and tier["p99_ms"] else "-", "", ""])
+    ts = tier["stats"]
+    rows.append(["", f"tier: rows in memory / on disk (budget {mib(zipf_budget)}), hit rate, promoted, demoted",
+                 f"{num(ts.get('rows'))} / {num(ts.get('disk_rows'))}, {ts.get('hit_rate', 0):.3f}, "
+                 f"{num(ts.get('promoted'))}, {num(ts.get('demoted'))}", "", ""])
+    rows.append(["", "server peak RSS: in memory / tier", f"{mib(mem['peak_rss'])} / {mib(tier['peak_rss'])}", "",
+                 ""])
+    zipf_disk = ts.get("disk_bytes", 0) / ts["disk_rows"] if ts.get("disk_rows") else None
+    rows.append(["(c) bytes on disk", "per row on disk after the Zipf phase (promotions leave garbage; sealed "
+                 "segments past 25% garbage are compacted)", f"{zipf_disk:.1f} B" if zipf_disk else "-",
+                 ratio(zipf_disk, raw), verdict(zipf_disk is not None and zipf_disk <= 1.5 * raw,
+                                                f"<= 1.5 x raw ({raw} B)")])
+    data["zipf"] = dict(results, working_rows=working, budget=zipf_budget)
+    notes = [f"1 server, 2 stock workers, dist_sync, SGD momentum, D={dim}, B={batch} unique rows per worker "
+             f"per step (scripts/bench_workers/rows.py); KVSTORE_LAZY_DISK_DIR under the runs directory",
+             f"(a) {num(steps)} steps of fresh rows fill the server; (b) the key has exactly the working set "
+             f"(5 x budget / {TIER_ROW_BYTES} B a row), filled with fresh rows first, then {c['zipf_steps']} steps "
+             "of Zipf(1.2) ids; rows/s per worker: rows pulled and pushed per second of that worker's request time",
+             f"raw bytes of a row: weights + momentum ({raw} B); a disk record adds its id, a check and the 8 B "
+             f"of policy columns ({TIER_RECORD_BYTES} B); disk bytes count whole fixed-size segment files"]
+    return (table("Scenario 7: disk tier (ours only)", ["run", "metric", "value", "ratio", "target"], rows, notes),
+            data)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -1246,6 +1379,9 @@ def main(argv=None) -> int:
         if "lifecycle" in scenarios:
             print("scenario 6: lifecycle", flush=True)
             report("lifecycle", lambda: scenario_lifecycle(bench))
+        if "tiered" in scenarios:
+            print("scenario 7: tiered (disk tier)", flush=True)
+            report("tiered", lambda: scenario_tiered(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130

@@ -17,6 +17,8 @@ stored value is a float32 master copy and pulls get it cast back (CreateMultiPre
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -25,6 +27,7 @@ from ..optimizers import Optimizer
 from ..protocol.kv import BadRequest, DataRequest
 from ..store import kernels
 from ..store.rows import RowTable
+from ..store.tier import DiskTier
 from .declaration import LazySpec
 from .lifecycle import Lifecycle, RowPolicy
 
@@ -187,6 +190,14 @@ class RowSparseKey:
     server's memory budget) consults its :class:`~kvstore_lazy.server.lifecycle.RowPolicy` (``policy``). Every row
     enters the table through :meth:`_slots_for` (after :meth:`RowPolicy.admit` for a push) and leaves it only
     through :meth:`expire` and :meth:`evict`, at the eviction points the server's ``Lifecycle`` runs.
+
+    With a disk tier (``KVSTORE_LAZY_DISK_DIR``, under a memory budget) :meth:`evict` moves rows to ``disk`` (a
+    :class:`~kvstore_lazy.store.tier.DiskTier`) instead of dropping them, and :meth:`_promote` is the one place that
+    decides what happens to a row not in memory: a touch (pull, push, state write) of rows on disk brings them back
+    with one batched read per request, as they left (weights, states, columns), before anything else looks at
+    them. A pull promotes only while the memory budget has room for the rows (else it reads them where they are):
+    a worker checkpoint lists every row and pulls them all, which must not bring the whole disk tier into memory.
+    A row is in one tier at a time; "the rows that exist" are both tiers' rows.
     """
 
     kind = "row_sparse"
@@ -205,6 +216,8 @@ class RowSparseKey:
         self._table = self._new_table(storage_dtype, num_states)   # float32 under multi-precision
         self._rebuilt = True                # the next incremental snapshot must hold the whole key
         self.round = SyncRound()
+        self.rank = 0                       # the server's rank (names the disk tier's directory)
+        self.disk: DiskTier | None = None   # rows the budget moved out of memory
 
     def _new_table(self, dtype, num_states: int, rows: dict | None = None, buckets: int | None = None) -> RowTable:
         columns = self.policy.columns if self.policy is not None else None
@@ -238,6 +251,9 @@ class RowSparseKey:
                 policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), request.key, spec.seed)
         entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
                     policy, track)
+        entry.rank = rank
+        if lifecycle is not None:
+            entry._open_disk(lifecycle)
         entry.check_rows(request.local_ids)
         if len(request.local_ids):
             # Rows given at init are stored as sent (this is also how a checkpoint is restored).
@@ -273,11 +289,27 @@ class RowSparseKey:
         return self.spec.initializer.rows(self.spec.seed, self.key, row_ids, self.spec.shape,
                                           self._table.dtype).reshape(len(row_ids), self.row_size)
 
+    def _open_disk(self, lifecycle: Lifecycle) -> None:
+        """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
+        if lifecycle.settings.disk_dir and self.policy is not None:
+            self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows,
+                                 compact_ratio=lifecycle.settings.disk_compact)
+
+    def disk_path(self, lifecycle: Lifecycle) -> Path:
+        return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
+
+    def _promote(self, row_ids: np.ndarray) -> None:
+        """Rows of `row_ids` (unique) on disk come back into the table as they left (one batched read)."""
+        if self.disk is not None:
+            self.disk.promote(self._table, row_ids)
+
     def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
         return np.zeros((len(row_ids), self.row_size), self._table.dtype)
 
     def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None) -> np.ndarray:
-        """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`)."""
+        """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`); rows on disk come
+        back first."""
+        self._promote(row_ids)
         before = len(self._table)
         slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
         if self.policy is not None and len(self._table) > before:
@@ -313,6 +345,7 @@ class RowSparseKey:
         if len(local_ids) == 0:
             return
         row_ids = self.row_ids_of(local_ids)
+        self._promote(row_ids)       # rows on disk have a row: admission must see them
         if self.policy is not None:
             keep = self.policy.admit(self._table, row_ids)
             if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
@@ -348,11 +381,21 @@ class RowSparseKey:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             slots = self._table.lookup(row_ids)
+            if self.disk is not None and len(self.disk) and (slots < 0).any():
+                on_disk = self.disk.contains(row_ids[slots < 0])
+                if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
+                    self._promote(row_ids)        # room under the budget: they come back
+                    slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0
             rows[present] = self._table.weights(slots[present])
             if not present.all():
-                rows[~present] = self.initial_rows(row_ids[~present])
+                absent = np.flatnonzero(~present)
+                if self.disk is not None and len(self.disk):   # no room: read where they are, not promoted
+                    on_disk = self.disk.contains(row_ids[absent])
+                    rows[absent[on_disk]] = self.disk.read(row_ids[absent[on_disk]])["weights"]
+                    absent = absent[~on_disk]
+                rows[absent] = self.initial_rows(row_ids[absent])
         return rows.astype(self.dtype, copy=False).tobytes()
 
     def resident_rows(self) -> tuple | None:
@@ -369,11 +412,36 @@ class RowSparseKey:
             rows = self._table.export()
             rows["states"] = [s.astype(np.float32) for s in rows["states"]]
             self._table = self._new_table(np.float32, self.num_states, rows, self._table.buckets)
+            self._relayout_disk()
             self._rebuilt = True
 
     def reset_states(self, optimizer: Optimizer) -> None:
         self._table.set_num_states(optimizer.num_states())
+        self._relayout_disk()
         self._rebuilt = True         # every row's states changed (their number too): snapshot the whole key
+
+    def _relayout_disk(self) -> None:
+        """The table's layout changed (dtype, number of states): rewrite the rows on disk to match, chunk by chunk
+        (weights cast to the table's dtype; states kept if their number did not change, else zero, as in memory)."""
+        if self.disk is None:
+            return
+        old, path = self.disk, self.disk.path
+        new = DiskTier(path.with_name(path.name + ".relayout"), self._table, old.store.segment_rows,
+                       compact_ratio=old.store.compact_ratio)
+        same_states = old.layout[2] == self._table.num_states
+        for rows in old.chunks():
+            rows["weights"] = rows["weights"].astype(self._table.dtype)
+            rows["states"] = [s.astype(self._table.dtype) for s in rows["states"]] if same_states else \
+                [np.zeros_like(rows["weights"]) for _ in range(self._table.num_states)]
+            new.store.put(rows["row_ids"], new._pack(rows))
+        new.counters = old.counters
+        old.store.close()
+        shutil.rmtree(path)
+        new.store.commit()
+        new.store.close()
+        new.path.rename(path)
+        self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio)
+        self.disk.counters = new.counters
 
     # -- rows and optimizer states, for worker checkpoints (state_transfer)
 
@@ -382,8 +450,11 @@ class RowSparseKey:
         return self._table.num_states
 
     def row_ids(self) -> np.ndarray:
-        """The global ids of the rows that exist, ascending."""
-        return np.sort(self._table.row_ids())
+        """The global ids of the rows that exist (in memory or on disk), ascending."""
+        ids = self._table.row_ids()
+        if self.disk is not None and len(self.disk):
+            ids = np.concatenate([ids, self.disk.store.row_ids()])
+        return np.sort(ids)
 
     def global_range(self) -> tuple[int, int]:
         return self.row_offset, self.row_offset + self.local_rows
@@ -393,7 +464,16 @@ class RowSparseKey:
         if index >= self.num_states:
             raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
         slots = self._table.lookup(row_ids)
-        if np.any(slots < 0):
+        present = slots >= 0
+        if self.disk is not None and not present.all():      # read from disk, not promoted (a listing)
+            absent = row_ids[~present]
+            if not self.disk.contains(absent).all():
+                raise KeyError(f"a listed row of key {self.key} no longer exists")
+            out = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            out[present] = self._table.states(slots[present])[index]
+            out[~present] = self.disk.read(absent)["states"][index]
+            return out
+        if not present.all():
             raise KeyError(f"a listed row of key {self.key} no longer exists")
         return self._table.states(slots)[index]
 
@@ -409,12 +489,16 @@ class RowSparseKey:
     # -- the lifecycle: eviction points and the memory budget (see server.lifecycle)
 
     def expire(self) -> int:
-        """The TTL sweep at an eviction point: remove the rows whose time ran out."""
-        slots = self.policy.expired(self._table)
-        if len(slots):
+        """The TTL sweep at an eviction point: remove the rows whose time ran out, in memory and on disk."""
+        cuts = self.policy.sweep()
+        slots = self.policy.expired(self._table, cuts)
+        gone = len(slots)
+        if gone:
             self._table.remove_slots(slots)
-            self.policy.counters["evicted_ttl"] += len(slots)
-        return len(slots)
+        if cuts and self.disk is not None and len(self.disk):
+            gone += self.disk.expire(lambda columns: self.policy.dead(columns, cuts))
+        self.policy.counters["evicted_ttl"] += gone
+        return gone
 
     def scores(self) -> np.ndarray:
         """The eviction score of every slot, for the memory budget."""
@@ -425,29 +509,54 @@ class RowSparseKey:
         return self._table.ids_at(slots)
 
     def evict(self, slots: np.ndarray) -> int:
-        """Remove the rows at `slots` (the budget's choice, from :meth:`scores` of this table as it is); their next
-        touch starts them over."""
+        """Remove the rows at `slots` (the budget's choice, from :meth:`scores` of this table as it is): to the disk
+        tier if there is one, else dropped (their next touch starts them over)."""
+        if self.disk is not None:
+            self.disk.demote(self._table, slots)
+            self.disk.compact()      # sealed segments past the garbage ratio (promotions leave garbage)
+            return len(slots)
         self._table.remove_slots(slots)
         self.policy.counters["evicted_budget"] += len(slots)
         return len(slots)
 
     def accounted_bytes(self) -> int:
-        """What the memory budget counts for this key: its row table and its pending-admission table."""
-        return self._table.nbytes() + (self.policy.pending_bytes() if self.policy is not None else 0)
+        """What the memory budget counts for this key: its row table, its pending-admission table and the index of
+        its rows on disk."""
+        disk = self.disk.index_nbytes() if self.disk is not None else 0
+        return self._table.nbytes() + (self.policy.pending_bytes() if self.policy is not None else 0) + disk
 
     def row_nbytes(self) -> int:
-        """Accounted bytes one row of this key costs (the index's buckets aside)."""
-        return self._table.row_nbytes
+        """Accounted bytes evicting one row of this key frees (the index's buckets aside): its row, less its entry
+        in the disk tier's index if it goes there."""
+        return self._table.row_nbytes - (self.disk.index_row_nbytes() if self.disk is not None else 0)
 
     # -- snapshots and stats
 
     def snapshot(self) -> dict:
-        return self._snapshot(self._table.export(), None if self.policy is None else self.policy.pending_rows())
+        """The key's state for a server snapshot: the rows in memory (sorted), and with a disk tier its store
+        (``"disk"``: checkpoint commits it into the snapshot, hard-linking its segments: no row is read)."""
+        out = self._snapshot(self._table.export(), None if self.policy is None else self.policy.pending_rows())
+        if self.disk is not None:
+            out["disk"] = self.disk.store
+        return out
+
+    def all_rows(self) -> dict:
+        """Every row that exists, memory and disk, sorted by id (a copy)."""
+        rows = self._table.export()
+        if self.disk is None or not len(self.disk):
+            return rows
+        parts = [rows] + list(self.disk.chunks())
+        ids = np.concatenate([p["row_ids"] for p in parts])
+        order = np.argsort(ids, kind="stable")
+        return {"row_ids": ids[order], "weights": np.concatenate([p["weights"] for p in parts])[order],
+                "states": [np.concatenate([p["states"][i] for p in parts])[order] for i in range(self.num_states)],
+                "columns": {name: np.concatenate([p["columns"][name] for p in parts])[order]
+                            for name in rows["columns"]}}
 
     def _snapshot(self, rows: dict, pending: dict | None) -> dict:
         meta = {"kind": self.kind, "dtype": self.dtype.name, "row_size": self.row_size,
                 "local_rows": self.local_rows, "row_offset": self.row_offset, "lazy": self.spec is not None,
-                "buckets": self._table.buckets}
+                "buckets": self._table.buckets, "rank": self.rank}
         arrays = {f"col_{name}": values for name, values in rows["columns"].items()}
         if "removed" in rows:
             arrays["dead_ids"] = rows["removed"]
@@ -468,7 +577,10 @@ class RowSparseKey:
         if self._rebuilt or not self._table.tracks_changes:
             return dict(self.snapshot(), mode="full")
         pending = None if self.policy is None else self.policy.pending_rows(changes=True)
-        return dict(self._snapshot(self._table.changes(), pending), mode="delta")
+        out = dict(self._snapshot(self._table.changes(), pending), mode="delta")
+        if self.disk is not None:    # rows demoted since are tombstones of the memory part and rows of the store
+            out["disk"] = self.disk.store
+        return out
 
     def snapshot_written(self) -> None:
         """The state now is on disk (a base or a delta of the snapshot chain): changes start over from here."""
@@ -479,7 +591,7 @@ class RowSparseKey:
 
     def inspect(self) -> dict:
         """Everything a rejected request must leave alone, as bytes (tests compare it before and after)."""
-        table = self.snapshot()
+        table = self._snapshot(self.all_rows(), None if self.policy is None else self.policy.pending_rows())
         merged = self.round.merged if self.round.pending else None
         return {"meta": table["meta"], "storage": self._table.dtype.name, "row_ids": table["row_ids"].tobytes(),
                 "weights": table["weights"].tobytes(), "states": [s.tobytes() for s in table["states"]],
@@ -513,11 +625,23 @@ class RowSparseKey:
         entry.snapshot_written()      # what was loaded is what is on disk
         if num_states is not None and entry.num_states != num_states:
             entry._table.set_num_states(num_states)
+        entry.rank = int(info.get("rank", 0))
+        if lifecycle is not None:
+            entry._open_disk(lifecycle)
+        disk = table.get("disk")                    # the snapshot's disk tier (a committed store's directory)
+        if disk is not None and entry.disk is not None:
+            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table, lifecycle.settings.disk_compact)
+        elif disk is not None:                      # no disk tier now: its rows come into memory
+            for rows in DiskTier.open(disk, entry._table).chunks():
+                entry._table.insert_rows(rows)
+            entry._rebuilt = True
         return entry
 
     def stats(self) -> dict:
         out = {"rows": len(self._table), "bytes": self._table.nbytes(), "lazy": self.spec is not None,
                "local_rows": self.local_rows, "row_offset": self.row_offset}
+        if self.disk is not None:
+            out.update(self.disk.stats())
         if self.policy is not None:
             out.update(self.policy.stats())
         return out

@@ -172,6 +172,9 @@ class Settings:
     low_watermark: float = DEFAULT_LOW_WATERMARK
     admit_cap: int = DEFAULT_ADMIT_CAP
     track_changes: bool = False
+    disk_dir: str = ""                  # KVSTORE_LAZY_DISK_DIR: rows the budget pushes out go there (the disk tier)
+    disk_segment_rows: int = 1 << 16    # KVSTORE_LAZY_DISK_SEGMENT_ROWS: records per segment file (a power of two)
+    disk_compact: float = 0.25          # KVSTORE_LAZY_DISK_COMPACT: garbage share that gets a sealed segment compacted
 
     def __post_init__(self) -> None:
         if self.evict not in EVICT_KINDS:
@@ -179,6 +182,10 @@ class Settings:
         _real("low_watermark", self.low_watermark, 0.0, 1.0, lo_open=True)
         _whole("admit_cap", self.admit_cap, 1, 1 << 40)
         _whole("memory_budget", self.memory_budget, 0, 1 << 62)
+        _whole("disk_segment_rows", self.disk_segment_rows, 1, 1 << 30)
+        _real("disk_compact", self.disk_compact, 0.0, 1.0, lo_open=True)
+        if self.disk_segment_rows & (self.disk_segment_rows - 1):
+            raise ValueError(f"disk_segment_rows must be a power of two, got {self.disk_segment_rows}")
 
     @classmethod
     def from_env(cls, env, track_changes: bool = False) -> "Settings":
@@ -209,8 +216,16 @@ class Settings:
         evict = env.get("KVSTORE_LAZY_EVICT", "").strip()
         if evict:
             options["evict"] = evict.lower()
+        disk = env.get("KVSTORE_LAZY_DISK_DIR", "").strip()
+        if disk:
+            if not options.get("memory_budget"):
+                raise ValueError(f"KVSTORE_LAZY_DISK_DIR={disk!r} needs KVSTORE_LAZY_MEMORY_BUDGET: the disk tier "
+                                 f"holds the rows the memory budget pushes out of memory")
+            options["disk_dir"] = disk
         for option, name, kind in (("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
-                                   ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int)):
+                                   ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int),
+                                   ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int),
+                                   ("disk_compact", "KVSTORE_LAZY_DISK_COMPACT", float)):
             text = env.get(name, "").strip()
             if text:
                 options[option] = number(name, text, kind)
@@ -221,7 +236,8 @@ class Settings:
 
     def to_json(self) -> dict:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
-                "low_watermark": self.low_watermark, "admit_cap": self.admit_cap}
+                "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
+                "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact}
 
 
 COUNTERS = ("admitted", "dropped", "evicted_ttl", "evicted_budget", "forgotten")
@@ -329,20 +345,35 @@ class RowPolicy:
 
     # -- eviction points
 
-    def expired(self, table: RowTable) -> np.ndarray:
-        """Slots whose TTL ran out, at a sweep (see the module docstring); empty otherwise."""
-        out = []
-        ttl, n = self.policy.ttl_rounds, len(table)
+    def sweep(self) -> dict:
+        """At an eviction point: the TTL cut-offs of a sweep due now (``{"last": round, "stamp": seconds}``: rows
+        whose column is ``<=`` the value expire), empty when no sweep is due (see the module docstring)."""
+        cuts: dict[str, Any] = {}
+        ttl = self.policy.ttl_rounds
         if ttl and self.round % max(1, ttl // TTL_SWEEPS) == 0 and self.round != self.swept_round:
             self.swept_round = self.round
-            out.append(np.flatnonzero(table.column("last")[:n] <= self.round - ttl))
+            cuts["last"] = self.round - ttl
         seconds, clock = self.policy.ttl_seconds, self.lifecycle.clock
         if seconds and clock - self.swept_clock >= seconds / TTL_SWEEPS:
             self.swept_clock = clock
-            out.append(np.flatnonzero(table.column("stamp")[:n] <= clock - seconds))
-        if not out:
+            cuts["stamp"] = clock - seconds
+        return cuts
+
+    @staticmethod
+    def dead(columns: dict, cuts: dict) -> np.ndarray:
+        """Which rows (``columns``: their column arrays) a sweep with ``cuts`` removes."""
+        mask = np.zeros(len(next(iter(columns.values()))), bool)
+        for name, cut in cuts.items():
+            mask |= columns[name] <= cut
+        return mask
+
+    def expired(self, table: RowTable, cuts: dict | None = None) -> np.ndarray:
+        """Slots whose TTL ran out, at a sweep (``cuts`` from :meth:`sweep`, which is asked when not given)."""
+        cuts = self.sweep() if cuts is None else cuts
+        n = len(table)
+        if not cuts or not n:
             return np.zeros(0, np.int64)
-        return np.unique(np.concatenate(out)) if len(out) > 1 else out[0]
+        return np.flatnonzero(self.dead({name: table.column(name)[:n] for name in cuts}, cuts))
 
     def scores(self, table: RowTable) -> np.ndarray:
         """Eviction scores of every slot (lower goes first): LRU int32 (the last push round minus the key's round,
@@ -413,6 +444,7 @@ class Lifecycle:
         self.wants_clock = bool(self.settings.defaults.ttl_seconds)   # a key with ttl_seconds exists
         self.budget_passes = 0
         self._warned = False
+        self.keys: dict = {}          # the server's keys (the dict apply gets): for headroom()
 
     def policy_for(self, policy: Policy, key: int, seed: int) -> RowPolicy | None:
         """The state a lazy key with ``policy`` keeps, or None when nothing would ever act on its rows."""
@@ -433,6 +465,7 @@ class Lifecycle:
     def apply(self, entry, grad, optimizer, sync: bool, keys: dict) -> None:
         """Apply one update to ``entry`` (a merged round or an async push) and, at an eviction point, run the key's
         TTL sweep and the budget."""
+        self.keys = keys
         policy = getattr(entry, "policy", None)
         if policy is None:
             entry.apply(grad, optimizer)
@@ -445,6 +478,12 @@ class Lifecycle:
                 self.enforce_budget(keys)
 
     # -- the budget
+
+    def headroom(self) -> int:
+        """Bytes left under the memory budget now (0 with no budget)."""
+        if not self.settings.memory_budget:
+            return 0
+        return max(0, self.settings.memory_budget - self.accounted(self.keys))
 
     @staticmethod
     def _tables(keys: dict) -> list:

@@ -142,16 +142,25 @@ class StateTransfer:
             return np.zeros((0, mx.ROWS_WIDTH), np.float32)
         entry, n = self._state_target(vkey, queried, ids)
         state = vkey - mx.FLAT_STATE_BASE
-        try:
-            flat = (entry.state_rows(ids, state) if isinstance(entry, RowSparseKey) else entry.state(state))
-        except (IndexError, KeyError) as exc:
-            raise BadRequest(vkey, str(exc).strip("'\"")) from None
         chunks = _chunks(n)
         if int(request.local_ids[-1]) >= chunks:
             raise BadRequest(vkey, f"state row {int(request.local_ids[-1])} beyond the {chunks} this server has")
-        padded = np.zeros(chunks * mx.ROWS_WIDTH, np.float32)
-        padded[:n] = flat.reshape(-1)
-        return padded.reshape(chunks, mx.ROWS_WIDTH)[request.local_ids]
+        # only the values of the virtual rows asked for: a checkpoint reads a large key piece by piece (rows on a
+        # disk tier are read from disk for each piece, not all at once)
+        first, last = int(request.local_ids[0]), int(request.local_ids[-1])
+        lo, hi = first * mx.ROWS_WIDTH, min((last + 1) * mx.ROWS_WIDTH, n)
+        try:
+            if isinstance(entry, RowSparseKey):
+                r0, r1 = lo // entry.row_size, -(-hi // entry.row_size)
+                flat = entry.state_rows(ids[r0:r1], state).reshape(-1)[lo - r0 * entry.row_size:
+                                                                        hi - r0 * entry.row_size]
+            else:
+                flat = entry.state(state).reshape(-1)[lo:hi]
+        except (IndexError, KeyError) as exc:
+            raise BadRequest(vkey, str(exc).strip("'\"")) from None
+        window = np.zeros((last - first + 1) * mx.ROWS_WIDTH, np.float32)
+        window[:len(flat)] = flat
+        return window.reshape(-1, mx.ROWS_WIDTH)[request.local_ids - first]
 
     def push(self, request: DataRequest, key: int) -> tuple[int, Message]:
         """Restore through the virtual keys: ROWS_HEADER_KEY rows name the rows (of the key the last LAZY_ROWS

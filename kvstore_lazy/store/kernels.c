@@ -8,9 +8,12 @@
  * the order of MXNet 1.9.1's kernels). Built with -ffp-contract=off and without -ffast-math, so the compiler neither
  * fuses multiply-adds nor reassociates: results are bit-identical to the numpy path (tests/test_optimizers.py).
  */
+#define _POSIX_C_SOURCE 200809L  /* pread under -std=c99 */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef KERNELS_DIGEST
 #error "build with -DKERNELS_DIGEST=\"<sha256 of this file>\" (setup.py does)"
@@ -275,4 +278,42 @@ void log_unit_f64(const double *x, int64_t n, double *out) {
 
 void sincos_f64(const double *theta, int64_t n, double *sin_out, double *cos_out) {
     for (int64_t i = 0; i < n; i++) sincos_turn(theta[i], &sin_out[i], &cos_out[i]);
+}
+
+/* Records of a disk segment store (segments.py): row i is `size` bytes at `offsets[i]` of file `fds[i]`, read with
+ * pread into out + i * size. Returns 0; or the errno of the first failed read (-1 for a short read: a truncated
+ * file), its row in *failed. Called through ctypes, which releases the GIL: a thread pool reads parts in parallel. */
+int64_t pread_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
+                      int64_t *failed) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t done = 0;
+        while (done < size) {
+            ssize_t got = pread(fds[i], out + i * size + done, (size_t)(size - done), (off_t)(offsets[i] + done));
+            if (got < 0) {
+                if (errno == EINTR) continue;
+                *failed = i;
+                return errno;
+            }
+            if (got == 0) { *failed = i; return -1; }
+            done += got;
+        }
+    }
+    return 0;
+}
+
+/* The check of each of n records of `nwords` 32-bit words (segments.py): a position-weighted sum of the words
+ * (mult[k] per word, mod 2^64), the record's location mixed in, folded to 32 bits. Same arithmetic as
+ * segments._checks_numpy. */
+void record_checks(const uint32_t *words, int64_t n, int64_t nwords, const uint64_t *mult, const uint32_t *locs,
+                   uint32_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t *w = words + i * nwords;
+        uint64_t t = 0;
+        for (int64_t k = 0; k < nwords; k++) t += (uint64_t)w[k] * mult[k];
+        t ^= ((uint64_t)locs[i] + 1) * 0x9E3779B97F4A7C15ULL;
+        t ^= t >> 29;
+        t *= 0xBF58476D1CE4E5B9ULL;
+        t ^= t >> 32;
+        out[i] = (uint32_t)t;
+    }
 }

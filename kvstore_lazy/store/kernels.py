@@ -41,9 +41,11 @@ _SIGNATURES = {
     "box_muller_f64": [_ptr, _i64, ctypes.c_double, _ptr],
     "log_unit_f64": [_ptr, _i64, _ptr],
     "sincos_f64": [_ptr, _i64, _ptr, _ptr],
+    "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "record_checks": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p}
+_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64}
 
 
 class KernelLoadError(ImportError):
@@ -213,6 +215,33 @@ def sincos(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sin, cos = np.empty_like(theta), np.empty_like(theta)
     _lib.sincos_f64(_addr(theta), theta.size, _addr(sin), _addr(cos))
     return sin, cos
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# batched record reads (caller: segments.SegmentStore)
+
+def pread_records(fds: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarray) -> tuple[int, int]:
+    """Read ``size`` bytes at ``offsets[i]`` (int64) of file descriptor ``fds[i]`` (int32) into row i of ``out`` (a
+    C-contiguous array of ``len(fds) * size`` bytes). Returns ``(0, -1)``, or ``(errno, row)`` of the first failed
+    read (errno -1: the file ended early). Releases the GIL while it reads."""
+    fds, offsets = np.ascontiguousarray(fds, np.int32), np.ascontiguousarray(offsets, np.int64)
+    if len(fds) != len(offsets) or not out.flags.c_contiguous or out.nbytes != len(fds) * size:
+        raise ValueError(f"pread_records: {len(fds)} fds, {len(offsets)} offsets, {out.nbytes} bytes of output "
+                         f"for records of {size} bytes")
+    failed = np.full(1, -1, np.int64)
+    err = _lib.pread_records(_addr(fds), _addr(offsets), len(fds), int(size), _addr(out), _addr(failed))
+    return int(err), int(failed[0])
+
+
+def record_checks(words: np.ndarray, mult: np.ndarray, locs: np.ndarray) -> np.ndarray:
+    """uint32 check of each row of ``words`` ((n, nwords) uint32, C-contiguous): see kernels.c."""
+    words = np.ascontiguousarray(words, np.uint32)
+    mult, locs = np.ascontiguousarray(mult, np.uint64), np.ascontiguousarray(locs, np.uint32)
+    if words.ndim != 2 or mult.shape != (words.shape[1],) or locs.shape != (words.shape[0],):
+        raise ValueError(f"record_checks: words {words.shape}, mult {mult.shape}, locs {locs.shape}")
+    out = np.empty(len(words), np.uint32)
+    _lib.record_checks(_addr(words), words.shape[0], words.shape[1], _addr(mult), _addr(locs), _addr(out))
+    return out
 
 
 if __name__ == "__main__":

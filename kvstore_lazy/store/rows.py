@@ -161,10 +161,15 @@ class RowIndex:
     Not thread-safe: callers serialise access (a concurrent reader only makes growth fall back to copying).
     """
 
-    def __init__(self, capacity: int = 1024, buckets: int | None = None):
+    def __init__(self, capacity: int = 1024, buckets: int | None = None, max_load: float | None = None,
+                 lean_rehash: bool = False):
         self._n = 0
+        self.lean_rehash = lean_rehash    # drop the old table before building the new one (see _grow_table)
+        self.max_load = MAX_LOAD if max_load is None else float(max_load)   # (an index of many rows that are
+        if not 0.0 < self.max_load < 1.0:                                    # rarely looked up: up to 0.8)
+            raise ValueError(f"max_load must be in (0, 1), got {max_load}")
         self._keys = Arena((), np.uint64, capacity)  # row id by slot
-        self._table = self._new_table(capacity if buckets is None else int(buckets * MAX_LOAD))
+        self._table = self._new_table(capacity if buckets is None else int(buckets * self.max_load))
         if buckets is not None and len(self._table) != buckets:
             raise ValueError(f"buckets must be a power of two >= {2 * _MIN_BUCKETS}, got {buckets}")
 
@@ -195,8 +200,8 @@ class RowIndex:
         if start + m > len(self._keys):
             self._keys.grow(_grown_capacity(len(self._keys), start + m), start)
         self._keys.array[start:start + m] = ids
-        if start + m > MAX_LOAD * len(self._table):
-            self._table = self._rebuilt(start + m)
+        if start + m > self.max_load * len(self._table):
+            self._grow_table(start, m)
         else:
             kernels.index_place(self._table, ids, start, _shift(self._table))
         self._n = start + m
@@ -241,11 +246,25 @@ class RowIndex:
 
     # -- internals
 
-    @staticmethod
-    def _new_table(rows: int) -> np.ndarray:
-        """An empty table with room for ``rows`` at ``MAX_LOAD``: a power-of-two count of buckets, all ``-1``."""
-        buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / MAX_LOAD))) - 1).bit_length()
-        return np.full(buckets, -1, np.int32 if buckets * MAX_LOAD < _MAX_INT32_SLOTS else np.int64)
+    def _new_table(self, rows: int) -> np.ndarray:
+        """An empty table with room for ``rows`` at ``max_load``: a power-of-two count of buckets, all ``-1``."""
+        buckets = 1 << (max(_MIN_BUCKETS, int(np.ceil(rows / self.max_load))) - 1).bit_length()
+        return np.full(buckets, -1, np.int32 if buckets * self.max_load < _MAX_INT32_SLOTS else np.int64)
+
+    def _grow_table(self, start: int, m: int) -> None:
+        """A larger table for ``start + m`` rows. By default built before the old one goes (peak 1.5x the new
+        table, and a failure leaves the index as it was); with ``lean_rehash`` (a large index whose memory is
+        budgeted: a disk tier's) the old one goes first (peak: the new table), and if building the new one fails
+        the old size is rebuilt from the ids before the error goes on."""
+        if not self.lean_rehash:
+            self._table = self._rebuilt(start + m)
+            return
+        del self._table
+        try:
+            self._table = self._rebuilt(start + m)
+        except MemoryError:
+            self._table = self._rebuilt(start)
+            raise
 
     def _rebuilt(self, n: int) -> np.ndarray:
         """A new table holding slots ``0 .. n-1``."""
@@ -267,10 +286,11 @@ class RowTable:
     """
 
     def __init__(self, row_size: int, dtype, num_states: int = 0, initial_capacity: int = 1024,
-                 columns: dict | None = None, track_changes: bool = False, buckets: int | None = None):
+                 columns: dict | None = None, track_changes: bool = False, buckets: int | None = None,
+                 max_load: float | None = None, lean_rehash: bool = False):
         self.row_size = int(row_size)
         self.dtype = np.dtype(dtype)
-        self._index = RowIndex(initial_capacity, buckets)
+        self._index = RowIndex(initial_capacity, buckets, max_load, lean_rehash)
         capacity = max(int(initial_capacity), 1)
         # _arenas[0] holds the weights, _arenas[1:] the states; all share one capacity (their first dimension)
         self._arenas = [self._arena(capacity) for _ in range(1 + int(num_states))]
@@ -325,6 +345,17 @@ class RowTable:
                 self._changed.array[lo:len(self)] = 1
         return slots
 
+    def insert_rows(self, rows: dict) -> np.ndarray:
+        """Add rows given whole (``{"row_ids", "weights", "states", "columns"}`` as :meth:`export` gives them; ids
+        unique and absent), e.g. rows coming back from a disk tier; returns their slots (new: ``len .. len + n``)."""
+        weights = np.asarray(rows["weights"], self.dtype)
+        slots = self.ensure(rows["row_ids"], lambda new: weights)
+        if self.num_states:
+            self.set_states(slots, rows["states"])
+        for name, values in rows["columns"].items():
+            self._columns[name].array[slots] = values
+        return slots
+
     def remove_slots(self, slots) -> np.ndarray:
         """Remove the rows at ``slots`` (unique, in use: else ValueError/IndexError and nothing changes); returns
         their ids. The last rows move into the freed slots (see the module docstring), so slots of other rows change:
@@ -356,6 +387,11 @@ class RowTable:
         """The whole weight and state tables (``capacity`` rows each), to update rows in place by slot. Use them at
         once and drop them: a view still held when the table grows makes it copy instead of growing in place."""
         return [arena.array for arena in self._arenas]
+
+    @property
+    def column_dtypes(self) -> dict:
+        """``{name: dtype}`` of the per-row columns."""
+        return {name: arena.dtype for name, arena in self._columns.items()}
 
     def column(self, name: str) -> np.ndarray:
         """Column ``name`` of every slot (``capacity`` values; those of slots in use are ``[:len(self)]``), to read
@@ -391,6 +427,10 @@ class RowTable:
     def row_ids(self) -> np.ndarray:
         """Ids by slot (a copy)."""
         return self._index.row_ids()
+
+    def row_ids_view(self) -> np.ndarray:
+        """Ids by slot, a view (no copy): use it at once and drop it (as :meth:`arrays`)."""
+        return self._index._keys.array[:len(self)]
 
     def ids_at(self, slots) -> np.ndarray:
         """Ids of the rows at `slots` (in use: else IndexError)."""

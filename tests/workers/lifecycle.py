@@ -26,8 +26,10 @@ p.add_argument("--dim", type=int, default=4)
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--batch", type=int, default=64)
 p.add_argument("--seed", type=int, default=42)
+p.add_argument("--fetch-chunk", type=int, default=0, help="also fetch values and states, this many rows a pull")
 args = p.parse_args()
 
+import kvstore_lazy.worker  # noqa: E402
 from kvstore_lazy.worker import fetch_rows, init_lazy  # noqa: E402
 
 kv = mx.kv.create(args.mode)
@@ -52,7 +54,13 @@ kv._barrier()
 results = {}
 if rank == 0:
     for key in sorted(keys):
-        ids, _ = fetch_rows(kv, key, shape)
+        if args.fetch_chunk:
+            kvstore_lazy.worker.FETCH_ROWS = args.fetch_chunk
+            kvstore_lazy.worker.FETCH_VIRTUAL_ROWS = max(1, args.fetch_chunk * args.dim // 64)
+            ids, values, states = fetch_rows(kv, key, shape, states=True)
+            results[f"values{key}"], results[f"state{key}"] = values, states[0]
+        else:
+            ids, _ = fetch_rows(kv, key, shape)
         results[f"rows{key}"] = ids
 kv._barrier()
 save(args.out, rank, results)

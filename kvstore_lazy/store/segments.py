@@ -1,0 +1,575 @@
+"""A log-structured store of fixed-size row records on disk: the disk tier of a row table.
+
+Layout of a store directory::
+
+    store.json              the record layout (payload dtype, bytes per record, records per segment); written once
+    index.npz               the committed index: row ids, their record locations, the segments they live in
+    seg-000001.dat ...      segment files, each exactly ``segment_rows`` records (reserved with posix_fallocate)
+
+A *record* is ``id`` (uint64), ``check`` (uint32) and the payload (a numpy structured dtype chosen by the caller:
+the weights, every optimizer state and the per-row policy columns of one row, together). Records are only ever
+appended to the *active* segment (``os.pwrite``, one call per batch); a full segment is *sealed* and never written
+again. A row written again gets a new record; the old one becomes garbage. A sealed segment whose garbage passes
+``compact_ratio`` is *compacted*: its live records are appended anew and the file goes.
+
+The index (row id -> location) is a :class:`~kvstore_lazy.store.rows.RowTable` with one ``uint32`` per row: the
+location ``slot << shift | offset`` (a segment slot, reused after compaction, and the record number in it). Memory
+per row on disk: 8 bytes of id + 4 of location + 4 / load of int32 hash buckets; the table is rebuilt at twice the
+size past ``INDEX_LOAD`` = 0.8 (denser than a memory table's 0.5: a linear-probing miss then costs about 12 probes,
+nothing beside a disk read), so the load is 0.4 .. 0.8 and the buckets 5 to 10 bytes: 17 to 22 bytes a row, exact
+in :meth:`SegmentStore.index_nbytes`. 50 million rows on disk: 0.85 to 1.1 GB of index.
+
+Durability. The index file is the commit point: :meth:`SegmentStore.commit` fsyncs the segments written since the
+last commit, then writes ``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened
+again holds exactly what the last commit held; records appended after it are unreferenced garbage. A segment a
+compaction emptied is deleted at once, unless this directory's committed index refers to it (then at the next
+commit). Since no byte of a segment is rewritten below its committed fill, a commit into another directory
+(:meth:`commit` with ``into``, for a server snapshot) can hard-link the segment files instead of copying them (a
+snapshot holding a segment keeps its own link when the store deletes it).
+
+Damage. Every record carries a check (a position-weighted sum of its 32-bit words, its location and id mixed in),
+verified on every read and, at :meth:`open` with ``verify``, for every committed record: a damaged, truncated or
+missing segment is a :class:`SegmentError` naming the file (and the record), never wrong values.
+
+Disk full / write errors. Space for a segment is reserved when it is created (``posix_fallocate``), so a full disk
+shows up there, never as a half-written record, as a :class:`DiskError` naming the directory; a failing
+``pwrite``/``fsync`` is one too. The store's contents are unchanged by the failed call (nothing of the batch is
+indexed; records it wrote before the failure are unreferenced garbage).
+
+Reads are batched: the records of a batch are read in file order (sorted by segment and offset) by one C loop of
+``pread`` calls (:func:`kernels.pread_records`), split over up to ``READ_THREADS`` threads (ctypes releases the GIL),
+so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
+in the server's RSS. No per-row Python loop anywhere: the loops are over segments.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from . import kernels
+from .rows import RowTable, as_row_ids
+
+FORMAT = "kvstore-lazy-segments/1"
+DEFAULT_SEGMENT_ROWS = 1 << 16
+DEFAULT_COMPACT_RATIO = 0.25     # (KVSTORE_LAZY_DISK_COMPACT; see the README's disk tier costs)
+MAX_SLOTS_BITS = 32
+_SALT = np.uint64(0x9E3779B97F4A7C15)
+INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)
+INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
+READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
+READ_SPLIT = 2048               # ... of at least this many records each
+_POOL: list = []
+
+
+def _pool():
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kvstore-lazy-disk"))
+    return _POOL[0]
+
+
+class SegmentError(ValueError):
+    """A store that can't be used as it is on disk: damaged, truncated or missing segments, a foreign layout."""
+
+
+class DiskError(OSError):
+    """Writing to the store's directory failed (full disk, I/O error); names the directory."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _dtype_json(dtype: np.dtype) -> list:
+    return [[name, dtype.fields[name][0].base.str, list(dtype.fields[name][0].shape)] for name in dtype.names]
+
+
+def _dtype_from_json(fields: list) -> np.dtype:
+    return np.dtype([(str(name), np.dtype(str(base)), tuple(int(d) for d in shape)) for name, base, shape in fields])
+
+
+class SegmentStore:
+    """Row id -> one payload record (``payload_dtype``), on disk. Not thread-safe."""
+
+    def __init__(self, path, payload_dtype: np.dtype, segment_rows: int = DEFAULT_SEGMENT_ROWS,
+                 compact_ratio: float = DEFAULT_COMPACT_RATIO, _create: bool = True) -> None:
+        self.path = Path(path)
+        self.payload_dtype = np.dtype(payload_dtype)
+        if self.payload_dtype.names is None:
+            raise ValueError("the payload dtype must be a structured dtype (named fields)")
+        if segment_rows < 1 or segment_rows & (segment_rows - 1):
+            raise ValueError(f"segment_rows must be a power of two, got {segment_rows}")
+        if not 0.0 < compact_ratio <= 1.0:
+            raise ValueError(f"compact_ratio must be in (0, 1], got {compact_ratio}")
+        self.segment_rows = int(segment_rows)
+        self.compact_ratio = float(compact_ratio)
+        self._shift = self.segment_rows.bit_length() - 1
+        self.max_slots = 1 << (MAX_SLOTS_BITS - self._shift)
+        pad = -self.payload_dtype.itemsize % 4
+        fields = [("id", "<u8"), ("check", "<u4"), ("payload", self.payload_dtype)]
+        if pad:
+            fields.append(("pad", f"V{pad}"))
+        self.record_dtype = np.dtype(fields)
+        self.record_bytes = self.record_dtype.itemsize
+        self._words = self.record_bytes // 4
+        self._mult = (np.arange(self._words, dtype=np.uint64) * np.uint64(2) + np.uint64(0x2545F491)) \
+            & np.uint64(0xFFFFFFFF)
+        self._mult[2] = 0                                   # the check word itself (after the 8-byte id)
+        self._index = RowTable(1, np.uint32, max_load=INDEX_LOAD, lean_rehash=True)
+        self._names: dict[int, str] = {}                    # segment slot -> file name
+        self._fill: dict[int, int] = {}                     # segment slot -> records written
+        self._live = np.zeros(0, np.int64)                  # segment slot -> live records
+        self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
+        self._active: int | None = None
+        self._next_number = 1
+        self._dirty: set[str] = set()                       # segment files written since the last commit
+        self._retired: list[str] = []                       # files to delete at the next commit
+        self._committed: set[str] = set()                   # segments this directory's index.npz refers to
+        self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
+        if _create:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if (self.path / "store.json").exists() or (self.path / "index.npz").exists():
+                raise SegmentError(f"{self.path} already holds a segment store (open it instead)")
+            self._write_layout()
+            self.commit()
+
+    # -- opening
+
+    @classmethod
+    def open(cls, path, verify: bool = True, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "SegmentStore":
+        """The store in ``path`` as of its last commit. With ``verify`` every committed record is checked (a damaged
+        segment is a SegmentError naming it)."""
+        path = Path(path)
+        try:
+            layout = json.loads((path / "store.json").read_text())
+            if layout.get("format") != FORMAT:
+                raise SegmentError(f"{path / 'store.json'}: not a {FORMAT} store (format {layout.get('format')!r})")
+            store = cls(path, _dtype_from_json(layout["payload"]), int(layout["segment_rows"]), compact_ratio,
+                        _create=False)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, SegmentError):
+                raise
+            raise SegmentError(f"{path / 'store.json'}: cannot read the store's layout: {exc}") from None
+        if store.record_bytes != int(layout["record_bytes"]):
+            raise SegmentError(f"{path / 'store.json'}: {layout['record_bytes']} bytes a record, "
+                               f"this layout has {store.record_bytes}")
+        store._load_index(verify)
+        return store
+
+    def _write_layout(self) -> None:
+        layout = {"format": FORMAT, "payload": _dtype_json(self.payload_dtype), "segment_rows": self.segment_rows,
+                  "record_bytes": self.record_bytes}
+        self._atomic(self.path / "store.json", json.dumps(layout).encode())
+
+    def _load_index(self, verify: bool) -> None:
+        where = self.path / "index.npz"
+        try:
+            with np.load(where, allow_pickle=False) as z:
+                ids, locs = z["ids"].astype(np.uint64), z["locs"].astype(np.uint32)
+                meta = json.loads(bytes(z["meta"]).decode())
+        except (OSError, ValueError, KeyError) as exc:
+            raise SegmentError(f"{where}: cannot read the index: {exc}") from None
+        self._next_number = int(meta["next_number"])
+        segments = {int(slot): (str(name), int(fill)) for slot, name, fill in meta["segments"]}
+        self._active = None if meta["active"] is None else int(meta["active"])
+        self._live = np.zeros(max(segments, default=-1) + 1, np.int64)
+        for slot, (name, fill) in segments.items():
+            file = self.path / name
+            size = file.stat().st_size if file.exists() else -1
+            if size != self.segment_rows * self.record_bytes:
+                what = "is missing" if size < 0 else f"has {size} bytes, not {self.segment_rows * self.record_bytes}"
+                raise SegmentError(f"segment {file} {what}: the store is damaged")
+            self._names[slot], self._fill[slot] = name, fill
+        self._committed = set(self._names.values())
+        for file in self.path.glob("seg-*.dat"):     # made after the last commit: garbage
+            if file.name not in self._names.values():
+                file.unlink()
+        if len(ids):
+            slots = (locs >> np.uint32(self._shift)).astype(np.int64)
+            if not np.isin(slots, list(segments)).all():
+                raise SegmentError(f"{where}: refers to segments it does not list")
+            self._live += np.bincount(slots, minlength=len(self._live))
+            if len(np.unique(ids)) != len(ids):
+                raise SegmentError(f"{where}: the index lists a row twice")
+            self._index = RowTable(1, np.uint32, initial_capacity=len(ids), max_load=INDEX_LOAD, lean_rehash=True)
+            self._index.ensure(ids, lambda new: locs.reshape(-1, 1))
+        if verify:
+            self.verify()
+
+    # -- the API
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def contains(self, row_ids) -> np.ndarray:
+        return self._index.lookup(as_row_ids(row_ids)) >= 0
+
+    def put(self, row_ids, payload: np.ndarray) -> None:
+        """Write the records of ``row_ids`` (unique; present ones are replaced), payload rows in their order."""
+        ids = as_row_ids(row_ids)
+        payload = np.asarray(payload)
+        if payload.dtype != self.payload_dtype or payload.shape != (len(ids),):
+            raise ValueError(f"payload of dtype {payload.dtype} shape {payload.shape}, want "
+                             f"{self.payload_dtype} ({len(ids)},)")
+        if not len(ids):
+            return
+        records = np.zeros(len(ids), self.record_dtype)
+        records["id"], records["payload"] = ids, payload
+        self._append(records)
+
+    def get(self, row_ids) -> np.ndarray:
+        """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
+        ids = as_row_ids(row_ids)
+        index = self._index.lookup(ids)
+        if (index < 0).any():
+            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
+        return self._read(ids, self._locations(index))["payload"]
+
+    def delete(self, row_ids) -> int:
+        """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
+        index = self._index.lookup(as_row_ids(row_ids))
+        index = index[index >= 0]
+        if len(index):
+            self._drop(index)
+        return len(index)
+
+    def take(self, row_ids) -> np.ndarray:
+        """:meth:`get` then :meth:`delete`: rows leaving the disk (promotion)."""
+        out = self.get(row_ids)
+        self.delete(row_ids)
+        return out
+
+    def row_ids(self) -> np.ndarray:
+        """Ids of the rows stored, ascending (a copy: 8 bytes a row)."""
+        return np.sort(self._index.row_ids())
+
+    def items(self, chunk: int = 1 << 16):
+        """``(ids, payloads)`` of every row, ascending by id, ``chunk`` rows at a time (reads only those)."""
+        ids = self.row_ids()
+        for lo in range(0, len(ids), chunk):
+            part = ids[lo:lo + chunk]
+            yield part, self.get(part)
+
+    def compact(self, ratio: float | None = None) -> int:
+        """Rewrite the live records of sealed segments whose garbage share passes ``ratio`` (default the store's),
+        then retire them; returns how many segments were compacted."""
+        ratio = self.compact_ratio if ratio is None else ratio
+        done = 0
+        for slot in sorted(self._names):
+            if slot == self._active or self._fill[slot] < self.segment_rows:
+                continue
+            if 1.0 - self._live[slot] / self.segment_rows < ratio:
+                continue
+            offsets = np.arange(self._fill[slot], dtype=np.int64)
+            records = self._read_segment(slot)
+            self._verify_records(slot, records, offsets)
+            index = self._index.lookup(records["id"])
+            here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
+            live = np.zeros(len(records), bool)
+            found = index >= 0
+            live[found] = self._locations(index[found]) == here[found]
+            if live.any():
+                self._append(records[live])
+            assert self._live[slot] == 0, "a compacted segment kept live records"
+            self._retire(slot)
+            done += 1
+        if done:
+            self.counters["compactions"] += 1
+            self.counters["segments_compacted"] += done
+        return done
+
+    def commit(self, into=None) -> None:
+        """Make what is stored now durable: fsync the segments written since the last commit, then write the index
+        atomically. With ``into`` (another directory on the same file system, which must not exist), the committed
+        store goes there instead, its segments hard-linked (this store's own commit is unchanged)."""
+        try:
+            live = set(self._names.values())
+            for name in sorted(self._dirty & live):
+                fd = os.open(self.path / name, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            self._dirty.clear()
+            n = len(self._index)   # views of the index's own arrays, by slot: written as they are, never copied
+            ids, locs = self._index.row_ids_view(), self._index.arrays()[0][:n, 0]
+            meta = {"next_number": self._next_number, "active": self._active,
+                    "segments": [[slot, self._names[slot], self._fill[slot]] for slot in sorted(self._names)]}
+            target = self.path if into is None else Path(into)
+            if into is not None:
+                target.mkdir(parents=True)
+                for name in [self._names[s] for s in sorted(self._names)] + ["store.json"]:
+                    link_or_copy(self.path / name, target / name)
+            self._atomic(target / "index.npz", lambda f: np.savez(
+                f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
+            if into is None:
+                self._committed = set(self._names.values())
+                for name in self._retired:
+                    (self.path / name).unlink(missing_ok=True)
+                self._retired = []
+        except OSError as exc:
+            raise DiskError(exc.errno, f"disk tier {self.path}: commit failed: {exc.strerror or exc}") from exc
+
+    def verify(self) -> None:
+        """Check every committed record of every segment (SegmentError naming the first damaged one)."""
+        ids = self._index.row_ids()
+        if not len(ids):
+            return
+        locs = self._index.arrays()[0][:len(ids), 0]
+        slots = (locs >> np.uint32(self._shift)).astype(np.int64)
+        for slot in np.unique(slots):
+            mine = np.flatnonzero(slots == slot)
+            for lo in range(0, len(mine), 1 << 16):
+                part = mine[lo:lo + (1 << 16)]
+                self._read(ids[part], locs[part])
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError):
+            pass
+
+    # -- sizes and stats
+
+    def index_nbytes(self) -> int:
+        """Memory the index takes (exact: ids, locations, hash buckets), plus, once it is within
+        ``INDEX_RESERVE`` of its next rehash, the buckets that rehash adds: a memory budget counting this makes
+        room for the larger table before it is built (the old one goes first: lean_rehash), so the rehash of a
+        large index never takes the process past its accounted bytes."""
+        n, buckets = len(self._index), self._index.buckets
+        extra = buckets * self._index._index._table.itemsize if n >= INDEX_RESERVE * INDEX_LOAD * buckets else 0
+        return self._index.nbytes() + extra
+
+    def index_row_nbytes(self) -> int:
+        """Index bytes one row adds (the buckets aside)."""
+        return self._index.row_nbytes
+
+    def disk_bytes(self) -> int:
+        """Bytes of the segment files (fixed size each)."""
+        return len(self._names) * self.segment_rows * self.record_bytes
+
+    def stats(self) -> dict:
+        return {"rows": len(self), "segments": len(self._names), "disk_bytes": self.disk_bytes(),
+                "index_bytes": self.index_nbytes(), "garbage_records": int(sum(self._fill.values()) - len(self)),
+                **self.counters}
+
+    # -- internals
+
+    def _locations(self, index: np.ndarray) -> np.ndarray:
+        return self._index.arrays()[0][index, 0]
+
+    def _fd(self, slot: int) -> int:
+        fd = self._fds.get(slot)
+        if fd is None:
+            file = self.path / self._names[slot]
+            try:
+                fd = os.open(file, os.O_RDONLY)
+            except OSError as exc:
+                raise SegmentError(f"segment {file} cannot be read: {exc}") from None
+            self._fds[slot] = fd
+        return fd
+
+    def _checks(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """The check of each record at its location (compiled: kernels.record_checks; :meth:`_checks_numpy` is
+        the same function in numpy)."""
+        records = np.ascontiguousarray(records)
+        return kernels.record_checks(records.view(np.uint32).reshape(len(records), self._words), self._mult, locs)
+
+    def _checks_numpy(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        words = np.ascontiguousarray(records).view(np.uint32).reshape(len(records), self._words).astype(np.uint64)
+        total = (words * self._mult).sum(axis=1, dtype=np.uint64)
+        total ^= (locs.astype(np.uint64) + np.uint64(1)) * _SALT
+        total ^= total >> np.uint64(29)
+        total *= np.uint64(0xBF58476D1CE4E5B9)
+        total ^= total >> np.uint64(32)
+        return (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+    def _verify_records(self, slot: int, records: np.ndarray, offsets: np.ndarray, ids=None) -> None:
+        locs = offsets.astype(np.uint32) | np.uint32(slot << self._shift)
+        bad = self._checks(records, locs) != records["check"]
+        if ids is not None:
+            bad |= records["id"] != ids
+        if bad.any():
+            first = int(offsets[np.flatnonzero(bad)[0]])
+            raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: record {first} (and "
+                               f"{int(bad.sum()) - 1} more of those read) fails its check")
+
+    def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """The records at ``locs`` (of ``ids``), checked, in their order."""
+        slots = (locs >> np.uint32(self._shift)).astype(np.int64)
+        offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        out = self._pread(slots, offsets)
+        for slot in np.unique(slots):              # a loop over segments, not rows
+            mine = np.flatnonzero(slots == slot) if len(self._names) > 1 else np.arange(len(slots))
+            self._verify_records(int(slot), out[mine], offsets[mine], ids[mine])
+        self.counters["records_read"] += len(ids)
+        return out
+
+    def _read_segment(self, slot: int) -> np.ndarray:
+        """All records written to a segment, in one read."""
+        size = self._fill[slot] * self.record_bytes
+        file = self.path / self._names[slot]
+        try:
+            data = os.pread(self._fd(slot), size, 0)
+        except OSError as exc:
+            raise DiskError(exc.errno, f"disk tier {self.path}: reading {file.name} failed: {exc}") from exc
+        if len(data) != size:
+            raise SegmentError(f"segment {file} is damaged: it ends before record {len(data) // self.record_bytes}")
+        return np.frombuffer(data, self.record_dtype).copy()
+
+    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases
+        the GIL)."""
+        out = np.empty(len(slots), self.record_dtype)
+        if not len(slots):
+            return out
+        order = np.lexsort((offsets, slots))
+        fd_of = np.full(int(slots.max()) + 1, -1, np.int32)
+        for slot in np.unique(slots):
+            fd_of[slot] = self._fd(int(slot))
+        fds, where = fd_of[slots[order]], offsets[order] * self.record_bytes
+        got = np.empty(len(slots), self.record_dtype)
+        parts = max(1, min(READ_THREADS, len(slots) // READ_SPLIT))
+        bounds = np.linspace(0, len(slots), parts + 1).astype(np.int64)
+
+        def read(i: int) -> tuple[int, int]:
+            lo, hi = bounds[i], bounds[i + 1]
+            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi])
+            return err, (row + lo if err else -1)
+
+        results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]
+        for err, row in results:
+            if err:
+                slot = int(slots[order][row])
+                file = self.path / self._names[slot]
+                if err < 0:
+                    raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[order][row])}")
+                raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
+        out[order] = got
+        return out
+
+    def _new_segment(self) -> int:
+        free = np.flatnonzero(np.isin(np.arange(len(self._live) + 1), list(self._names), invert=True))
+        slot = int(free[0])
+        if slot >= self.max_slots:
+            raise DiskError(0, f"disk tier {self.path}: {self.max_slots} segments in use, no room for more")
+        name = f"seg-{self._next_number:06d}.dat"
+        file = self.path / name
+        fd = -1
+        try:
+            fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, self.segment_rows * self.record_bytes)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if fd >= 0:
+                file.unlink(missing_ok=True)
+            raise DiskError(exc.errno, f"disk tier {self.path}: cannot create a segment of "
+                                       f"{self.segment_rows * self.record_bytes} bytes: "
+                                       f"{exc.strerror or exc}") from exc
+        self._next_number += 1
+        if slot >= len(self._live):
+            self._live = np.concatenate([self._live, np.zeros(slot + 1 - len(self._live), np.int64)])
+        self._names[slot], self._fill[slot], self._live[slot] = name, 0, 0
+        return slot
+
+    def _append(self, records: np.ndarray) -> None:
+        """Write ``records`` (ids unique, checks unset) at the end of the log and point the index at them. Nothing
+        is indexed unless every record was written."""
+        ids = records["id"]
+        locs = np.empty(len(records), np.uint32)
+        placed = 0
+        created: list[int] = []
+        try:
+            while placed < len(records):
+                if self._active is None or self._fill[self._active] == self.segment_rows:
+                    self._active = self._new_segment()
+                    created.append(self._active)
+                slot = self._active
+                start = self._fill[slot]
+                n = min(self.segment_rows - start, len(records) - placed)
+                part = records[placed:placed + n]
+                offsets = np.arange(start, start + n, dtype=np.uint32)
+                locs[placed:placed + n] = offsets | np.uint32(slot << self._shift)
+                part["check"] = self._checks(part, locs[placed:placed + n])
+                self._pwrite(slot, part, start)
+                self._fill[slot] = start + n
+                self._dirty.add(self._names[slot])
+                placed += n
+        except OSError as exc:
+            # the records written stay unreferenced garbage (their segments' fill moved on); nothing is indexed
+            if not isinstance(exc, DiskError):
+                raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
+            raise
+        index = self._index.lookup(ids)
+        old = index >= 0
+        if old.any():
+            self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
+                                      minlength=len(self._live))
+        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
+        self._index.arrays()[0][index, 0] = locs
+        self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
+        self.counters["records_written"] += len(records)
+
+    def _pwrite(self, slot: int, records: np.ndarray, start: int) -> None:
+        data = np.ascontiguousarray(records).view(np.uint8).data
+        fd = os.open(self.path / self._names[slot], os.O_WRONLY)
+        try:
+            offset, done = start * self.record_bytes, 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], offset + done)
+        finally:
+            os.close(fd)
+
+    def _drop(self, index: np.ndarray) -> None:
+        locs = self._locations(index)
+        self._live -= np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
+        self._index.remove_slots(index)
+
+    def _retire(self, slot: int) -> None:
+        fd = self._fds.pop(slot, None)
+        if fd is not None:
+            os.close(fd)
+        name = self._names.pop(slot)
+        if name in self._committed:
+            self._retired.append(name)       # this directory's committed index refers to it: until the next commit
+        else:
+            (self.path / name).unlink(missing_ok=True)     # (a snapshot holding it has a link of its own)
+        del self._fill[slot]
+        if self._active == slot:
+            self._active = None
+
+    def _atomic(self, target: Path, data) -> None:
+        """Write ``target`` atomically: ``data`` (bytes, or a function writing to the open file)."""
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data) if isinstance(data, bytes) else data(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (segments are never rewritten below a committed fill), or a copy across file systems."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copyfile(source, target)

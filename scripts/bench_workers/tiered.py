@@ -1,0 +1,105 @@
+"""The disk tier in-process, no sockets: ``python scripts/bench_workers/tiered.py``.
+
+Plays two stock workers (the frames they send, through the wire codec: core_step.Worker) against one in-process
+:class:`KVServer` with a memory budget and ``--disk-dir`` (or none: ``--budget 0``): fills a (rows, D) lazy key with
+fresh rows, then runs Zipf(1.2) pull + push steps of B rows per worker over it. Prints the process RSS (VmRSS, and
+the growth over the RSS before the key existed: mxnet is imported for the optimizer pickle), the server's CPU per
+step and its rows/s per worker, and with ``--profile`` the hot spots (cProfile). For tuning the tier; ``make bench``
+(scenario tiered) holds the end-to-end numbers with real workers.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+from core_step import KEY, start  # noqa: E402
+from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
+from kvstore_lazy.server.lifecycle import Settings, parse_bytes  # noqa: E402
+from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
+
+
+def rss() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def zipf_ids(rng, rows: int, batch: int) -> np.ndarray:
+    ids: set[int] = set()
+    while len(ids) < batch:
+        ids.update(((rng.zipf(1.2, batch) - 1) * 0x9E3779B1 % rows).tolist())
+    return np.sort(np.fromiter(ids, np.int64)[:batch])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--budget", default="64MiB", help="memory budget (0: none, everything in memory)")
+    parser.add_argument("--disk-dir", default=None, help="default: a temp dir")
+    parser.add_argument("--steps", type=int, default=30, help="Zipf steps after the fill")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
+    args = parser.parse_args()
+    budget = parse_bytes(args.budget)
+    temp = None if args.disk_dir else tempfile.TemporaryDirectory(prefix="tiered-")   # removed at exit
+    disk = args.disk_dir or temp.name
+    settings = Settings(memory_budget=budget, disk_dir=disk if budget else "")
+    server, workers, handle = start("sgd", lifecycle=settings)
+    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.rows, args.dim), "float32",
+                                                               '["uniform", {"scale": 0.07}]', 1)))
+    handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
+    base = rss()
+    rng = np.random.default_rng(0)
+    grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
+    profile = cProfile.Profile() if args.profile else None
+
+    def step(ids_per_worker) -> float:
+        t = time.process_time()
+        for w, ids in zip(workers, ids_per_worker):
+            handle(w.rows(ids, None))
+        for w, ids in zip(workers, ids_per_worker):
+            handle(w.rows(ids, grad[:len(ids)]))
+        return time.process_time() - t
+
+    peak, order = base, rng.permutation(args.rows)
+    per = len(workers) * args.batch
+    t = time.perf_counter()
+    fill_cpu = 0.0
+    for lo in range(0, args.rows, per):
+        part = order[lo:lo + per]
+        fill_cpu += step([np.sort(part[i::len(workers)]) for i in range(len(workers))])
+        peak = max(peak, rss())
+    fill_wall = time.perf_counter() - t
+    if profile:                 # the Zipf phase only
+        profile.enable()
+    cpu = [step([zipf_ids(rng, args.rows, args.batch) for _ in workers]) for _ in range(args.steps)]
+    if profile:
+        profile.disable()
+    peak = max(peak, rss())
+    st = server.stats()["sparse"][str(KEY)]
+    print(f"{args.rows:,} rows of D={args.dim} (SGD momentum), budget {args.budget}, disk {disk if budget else '-'}")
+    print(f"fill: {args.rows / fill_wall:,.0f} rows/s wall, {fill_cpu / max(1, args.rows // per) * 1e3:.1f} ms CPU "
+          f"per step; RSS before the key {base / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB (growth "
+          f"{(peak - base) / 2**20:.1f} MiB)")
+    print(f"zipf: {np.mean(cpu) * 1e3:.1f} ms CPU per step (2 workers' pull + push), {args.batch / np.mean(cpu):,.0f} "
+          f"rows/s per worker if the server were the only cost; p99 {np.percentile(cpu, 99) * 1e3:.1f} ms")
+    print("stats:", {k: st[k] for k in ("rows", "bytes", "disk_rows", "disk_bytes", "disk_index_bytes", "promoted",
+                                        "demoted", "hit_rate") if k in st})
+    if profile:
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(24)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The disk tier in the server, sans-IO (KVSTORE_LAZY_DISK_DIR under a memory budget): rows the budget pushes out go
+to disk whole and come back on their next touch, so the job is bit-identical to the same job with no budget at all;
+admission and TTL act across both tiers; the accounting counts the disk index; bad settings are refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore_lazy.server.lifecycle import Settings
+from test_lifecycle import KEY, key_stats, server, streams, sync_round
+
+
+# both indexes' buckets (memory, disk) and 200 rows of 48 bytes (4 + 4 floats, 8 of columns, 8 of id)
+BUDGET = 4096 * 4 + 4096 * 4 + 200 * 48
+
+
+def run(history, settings=None, pulls=True, **policy):
+    peer, workers = server(settings=settings, **policy)
+    pulled = []
+    for step, per_worker in enumerate(history):
+        if pulls:    # every worker pulls the rows it is about to push (as a training step does)
+            pulled += [peer.values(w.rsp_pull(KEY, ids)) for w, ids in zip(workers, per_worker)]
+        sync_round(peer, workers, per_worker, step)
+    return peer, pulled
+
+
+def tables(peer) -> dict:
+    t = peer.server.keys[KEY].all_rows()
+    return {"ids": t["row_ids"].tobytes(), "weights": t["weights"].tobytes(),
+            "states": [s.tobytes() for s in t["states"]]}
+
+
+@pytest.mark.parametrize("evict,segment_rows", [("lru", 1 << 16), ("lfu", 1 << 16), ("lru", 64)])
+def test_rows_through_disk_and_back_are_bit_identical_to_no_budget(tmp_path, evict, segment_rows):
+    history = streams(rounds=40, span=20_000, batch=100)
+    free, free_pulls = run(history)
+    budget = BUDGET
+    tier, tier_pulls = run(history, Settings(memory_budget=budget, evict=evict, disk_dir=str(tmp_path),
+                                             disk_segment_rows=segment_rows))
+    assert all(np.array_equal(a, b) for a, b in zip(free_pulls, tier_pulls))
+    assert tables(tier) == tables(free)               # every row, weights and momentum, both tiers together
+    s = key_stats(tier)
+    assert s["demoted"] > 500 and s["promoted"] > 100 and s["disk_rows"] > 500 and s["rows"] < 350
+    assert s["evicted"] == 0 and s["rows"] + s["disk_rows"] == len(np.frombuffer(tables(free)["ids"], np.uint64))
+    assert 0 < s["hit_rate"] < 1
+    accounted = tier.server.lifecycle.accounted(tier.server.keys)
+    entry = tier.server.keys[KEY]
+    assert accounted == entry._table.nbytes() + entry.disk.index_nbytes() <= budget
+    assert (tmp_path / "rank0" / f"key{KEY}" / "store.json").exists()
+    store = entry.disk.store
+    if segment_rows == 64:        # small segments: promotions leave garbage, compaction reclaims it
+        assert store.counters["segments_compacted"] >= 2
+        files = list((tmp_path / "rank0" / f"key{KEY}").glob("seg-*.dat"))
+        assert len(files) == store.stats()["segments"] <= len(entry.disk) // 64 * 2 + 2
+
+
+def test_admission_and_ttl_act_on_both_tiers(tmp_path):
+    history = streams(rounds=48, span=20_000, batch=100)
+    policy = dict(admit_min_count=2, ttl_rounds=16)
+    free, _ = run(history, **policy)
+    tier, _ = run(history, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path)), **policy)
+    assert tables(tier) == tables(free)
+    s, f = key_stats(tier), key_stats(free)
+    assert s["expired_disk"] > 0, "expired rows must leave the disk too"
+    assert (s["admitted"], s["dropped"], s["evicted_ttl"]) == (f["admitted"], f["dropped"], f["evicted_ttl"])
+
+
+def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path):
+    """Snapshots (full, then deltas) hold the disk tier as a committed store with hard-linked segments; a server
+    restored from them (into another disk directory) continues exactly."""
+    from fakepeer import WORKER0, WORKER1, Requests
+    from kvstore_lazy import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from test_server import Peer
+    history = streams(rounds=40, span=20_000, batch=100)
+    free, _ = run(history)
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
+    a, workers = server(settings=settings)
+    chain = checkpoint.SnapshotChain(tmp_path / "snap", 0, 1, compact_ratio=100.0)
+    for step, per_worker in enumerate(history[:20]):
+        for w, ids in zip(workers, per_worker):
+            a.values(w.rsp_pull(KEY, ids))
+        sync_round(a, workers, per_worker, step)
+        if step % 5 == 4:           # a base, then deltas
+            delta = chain.next_is_delta()
+            meta, snap = a.server.snapshot(delta=delta)
+            chain.write(meta, snap, delta)
+            a.server.snapshot_written()
+    assert (tmp_path / "snap" / "rank0" / "delta-000003" / f"key{KEY}.disk" / "index.npz").exists()
+    seg = next((tmp_path / "snap" / "rank0" / "delta-000003" / f"key{KEY}.disk").glob("seg-*.dat"))
+    assert seg.stat().st_nlink >= 2, "segments are hard-linked, not copied"
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
+                                                  track_changes=True)))
+    b.server.restore(loaded.manifest["server"], loaded.tables)
+    assert b.server.inspect() == a.server.inspect()
+    wb = [Requests(WORKER0), Requests(WORKER1)]
+    for step, per_worker in enumerate(history[20:], start=20):
+        for w, ids in zip(wb, per_worker):
+            b.values(w.rsp_pull(KEY, ids))
+        sync_round(b, wb, per_worker, step)
+    assert tables(b) == tables(free)
+    assert key_stats(b)["disk_rows"] > 0
+
+
+def test_a_damaged_segment_in_a_snapshot_stops_the_restore_naming_it(tmp_path):
+    from kvstore_lazy import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from kvstore_lazy.store.tier import DiskTierFailure
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
+    a, _ = run(streams(rounds=20, span=20_000, batch=100), settings)
+    meta, snap = a.server.snapshot()
+    checkpoint.write_snapshot(tmp_path / "snap", 0, 1, snap, meta)
+    seg = sorted((tmp_path / "snap" / "rank0" / f"key{KEY}.disk").glob("seg-*.dat"))[0]
+    seg.unlink()                 # the snapshot's own copy (a link): the server's files stay good
+    with open(seg, "wb") as f, open(tmp_path / "a" / "rank0" / f"key{KEY}" / seg.name, "rb") as src:
+        data = bytearray(src.read())
+        data[100] ^= 0xFF
+        f.write(data)
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b")))
+    with pytest.raises(DiskTierFailure, match=rf"{seg.name} is damaged: record \d+"):
+        b.restore(loaded.manifest["server"], loaded.tables)
+
+
+def test_state_listing_reads_disk_rows_without_promoting_them(tmp_path):
+    history = streams(rounds=30, span=20_000, batch=100)
+    tier, _ = run(history, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path)))
+    entry = tier.server.keys[KEY]
+    ids = entry.row_ids()
+    before = (len(entry._table), len(entry.disk))
+    states = entry.state_rows(ids, 0)
+    assert (len(entry._table), len(entry.disk)) == before
+    assert states.tobytes() == entry.all_rows()["states"][0].tobytes()
+
+
+def test_disk_dir_needs_a_budget_and_a_foreign_directory_is_left_alone(tmp_path):
+    with pytest.raises(ValueError, match="KVSTORE_LAZY_DISK_DIR='/x' needs KVSTORE_LAZY_MEMORY_BUDGET"):
+        Settings.from_env({"KVSTORE_LAZY_DISK_DIR": "/x"})
+    assert Settings.from_env({"KVSTORE_LAZY_DISK_DIR": "/x", "KVSTORE_LAZY_MEMORY_BUDGET": "8MiB"}).disk_dir == "/x"
+    mine = tmp_path / "rank0" / f"key{KEY}"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("not ours")
+    from kvstore_lazy.store.tier import DiskTierFailure
+    with pytest.raises(DiskTierFailure, match="is not a disk tier of kvstore_lazy"):
+        run(streams(rounds=1), Settings(memory_budget=1 << 20, disk_dir=str(tmp_path)))
+    assert (mine / "notes.txt").read_text() == "not ours"
+
+
+
+def test_a_new_optimizer_resets_the_states_of_rows_on_disk_too(tmp_path):
+    """kController again (a new optimizer: every row's states start over, their number may change): the rows on
+    disk are rewritten to the new layout, as the rows in memory are."""
+    from test_lifecycle import optimizer_body
+    from kvstore_lazy.protocol import mxnet as proto
+    history = streams(rounds=30, span=20_000, batch=100)
+    out = []
+    for settings in (None, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path))):
+        peer, workers = server(settings=settings)
+        for step, per_worker in enumerate(history):
+            if step == 15:
+                peer.ok(workers[0].command(proto.CONTROLLER, optimizer_body("adam", learning_rate=0.01)))
+            for w, ids in zip(workers, per_worker):
+                peer.values(w.rsp_pull(KEY, ids))
+            sync_round(peer, workers, per_worker, step)
+        out.append(tables(peer))
+        if settings is not None:
+            entry = peer.server.keys[KEY]
+            assert entry.num_states == 2 and len(entry.disk) > 0
+    assert out[0] == out[1]

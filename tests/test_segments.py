@@ -1,0 +1,244 @@
+"""SegmentStore (kvstore_lazy/store/segments.py) against a dict reference model, plus damage and full disks."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvstore_lazy.store.segments import SegmentError, SegmentStore
+
+PAYLOAD = np.dtype([("w", "<f4", (3,)), ("s0", "<f4", (3,)), ("last", "<i4")])
+ODD = np.dtype([("w", "<f2", (3,))])        # 6 bytes: records are padded to whole 32-bit words
+
+
+def payload(ids, salt: float = 0.0, dtype=PAYLOAD) -> np.ndarray:
+    ids = np.asarray(ids, np.uint64)
+    out = np.zeros(len(ids), dtype)
+    base = (ids % np.uint64(100_000)).astype(np.float64) + salt
+    for name in dtype.names:
+        shape = dtype.fields[name][0].shape
+        out[name] = (base.reshape((-1,) + (1,) * len(shape)) + np.arange(int(np.prod(shape)) or 1).reshape(
+            shape or ())).astype(dtype.fields[name][0].base)
+    return out
+
+
+row_id = st.one_of(st.integers(0, 300), st.integers(2**64 - 50, 2**64 - 1))
+batch = st.lists(row_id, unique=True, max_size=40)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Every operation on the store and on a dict; they must always agree, also after a reopen from disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="segments-"))
+        self.store = SegmentStore(self.dir / "s", PAYLOAD, segment_rows=16, compact_ratio=0.4)
+        self.model: dict[int, bytes] = {}
+        self.committed: dict[int, bytes] = {}
+        self.salt = 0.0
+
+    @rule(ids=batch)
+    def put(self, ids):
+        self.salt += 1
+        values = payload(ids, self.salt)
+        self.store.put(np.array(ids, np.uint64), values)
+        self.model.update({i: v.tobytes() for i, v in zip(ids, values)})
+
+    @rule(ids=batch)
+    def delete(self, ids):
+        want = sum(i in self.model for i in ids)
+        assert self.store.delete(np.array(ids, np.uint64)) == want
+        for i in ids:
+            self.model.pop(i, None)
+
+    @rule(ids=batch)
+    def take(self, ids):
+        ids = [i for i in ids if i in self.model]
+        got = self.store.take(np.array(ids, np.uint64))
+        assert [g.tobytes() for g in got] == [self.model.pop(i) for i in ids]
+
+    @rule()
+    def compact(self):
+        self.store.compact()
+
+    @rule()
+    def commit(self):
+        self.store.commit()
+        self.committed = dict(self.model)
+
+    @rule()
+    def reopen_without_commit(self):
+        """What a crash leaves: the last commit."""
+        self.store.close()
+        self.store = SegmentStore.open(self.dir / "s", compact_ratio=0.4)
+        self.model = dict(self.committed)
+
+    @invariant()
+    def agrees(self):
+        ids = sorted(self.model)
+        assert self.store.row_ids().tolist() == ids
+        got = self.store.get(np.array(ids, np.uint64))
+        assert [g.tobytes() for g in got] == [self.model[i] for i in ids]
+        absent = [i for i in range(0, 300, 7) if i not in self.model]
+        assert not self.store.contains(np.array(absent, np.uint64)).any()
+        assert len(self.store) == len(ids)
+
+    def teardown(self):
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_compaction_reclaims_garbage_and_keeps_rows(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64)
+    ids = np.arange(1000, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    before = store.disk_bytes()
+    store.delete(ids[ids % 4 != 0])             # 75% garbage in every sealed segment
+    assert store.compact() > 0
+    store.commit()
+    assert store.disk_bytes() < before / 2
+    assert store.row_ids().tolist() == ids[ids % 4 == 0].tolist()
+    assert store.get(ids[ids % 4 == 0]).tobytes() == payload(ids[ids % 4 == 0]).tobytes()
+    assert len(list((tmp_path / "s").glob("seg-*.dat"))) == len(store._names)   # retired files are gone
+    again = SegmentStore.open(tmp_path / "s")
+    assert again.get(ids[ids % 4 == 0]).tobytes() == payload(ids[ids % 4 == 0]).tobytes()
+
+
+def test_padded_records_and_items_in_chunks(tmp_path):
+    store = SegmentStore(tmp_path / "s", ODD, segment_rows=8)
+    assert store.record_bytes % 4 == 0
+    ids = np.array([5, 2**64 - 1, 0, 77, 3], np.uint64)
+    store.put(ids, payload(ids, dtype=ODD))
+    chunks = list(store.items(chunk=2))
+    assert [len(c[0]) for c in chunks] == [2, 2, 1]
+    got = np.concatenate([c[0] for c in chunks])
+    assert got.tolist() == sorted(ids.tolist())
+    assert np.concatenate([c[1] for c in chunks]).tobytes() == payload(got, dtype=ODD).tobytes()
+
+
+def test_commit_into_another_directory_hard_links_a_consistent_copy(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(40, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    store.commit(into=tmp_path / "snap")
+    store.put(ids[:10], payload(ids[:10], 9.0))      # after the snapshot: appended, never written in place
+    store.delete(ids[30:])
+    store.commit()
+    snap = SegmentStore.open(tmp_path / "snap")
+    assert snap.get(ids).tobytes() == payload(ids).tobytes()
+    assert os.stat(tmp_path / "snap" / "seg-000001.dat").st_ino == os.stat(tmp_path / "s" / "seg-000001.dat").st_ino
+
+
+def test_a_damaged_segment_is_refused_naming_it(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(40, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    store.commit()
+    store.close()
+    seg = tmp_path / "s" / "seg-000002.dat"
+    with open(seg, "r+b") as f:
+        f.seek(3 * store.record_bytes + 20)
+        byte = f.read(1)
+        f.seek(3 * store.record_bytes + 20)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(SegmentError, match=r"seg-000002\.dat is damaged: record 3 "):
+        SegmentStore.open(tmp_path / "s")
+    lazy = SegmentStore.open(tmp_path / "s", verify=False)       # unverified: the read itself refuses
+    assert lazy.get(ids[:16]).tobytes() == payload(ids[:16]).tobytes()
+    with pytest.raises(SegmentError, match="seg-000002.dat is damaged"):
+        lazy.get(ids[16:20])
+    os.truncate(seg, 100)
+    with pytest.raises(SegmentError, match=r"seg-000002\.dat has 100 bytes"):
+        SegmentStore.open(tmp_path / "s")
+    seg.unlink()
+    with pytest.raises(SegmentError, match=r"seg-000002\.dat is missing"):
+        SegmentStore.open(tmp_path / "s")
+
+
+def test_bad_input_is_refused_and_changes_nothing(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    with pytest.raises(ValueError, match="payload of dtype"):
+        store.put(np.arange(3, dtype=np.uint64), payload(np.arange(2)))
+    with pytest.raises(KeyError, match="1 of 1 rows are not in the store"):
+        store.get(np.array([5], np.uint64))
+    assert len(store) == 0 and store.disk_bytes() == 0
+    with pytest.raises(SegmentError, match="already holds a segment store"):
+        SegmentStore(tmp_path / "s", PAYLOAD)
+    with pytest.raises(ValueError, match="power of two"):
+        SegmentStore(tmp_path / "t", PAYLOAD, segment_rows=12)
+    (tmp_path / "u").mkdir()
+    with pytest.raises(SegmentError, match="cannot read the store's layout"):
+        SegmentStore.open(tmp_path / "u")
+
+
+def test_a_full_disk_is_a_disk_error_naming_the_directory_and_indexes_nothing(tmp_path):
+    """posix_fallocate of a new segment fails with ENOSPC: simulated with RLIMIT_FSIZE in a child process (the
+    tier's end-to-end test uses a real small tmpfs)."""
+    code = (
+        "import resource, signal, sys, numpy as np\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "from kvstore_lazy.store.segments import SegmentStore, DiskError\n"
+        "sys.path.insert(0, sys.argv[2]); from test_segments import payload, PAYLOAD\n"
+        "s = SegmentStore(sys.argv[1], PAYLOAD, segment_rows=1024)\n"
+        "ids = np.arange(1024, dtype=np.uint64); s.put(ids, payload(ids))\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (s.record_bytes * 1024 - 1,) * 2)\n"
+        "try:\n"
+        "    s.put(ids + np.uint64(5000), payload(ids + np.uint64(5000)))\n"
+        "except DiskError as e:\n"
+        "    print('ERR', e); assert len(s) == 1024 and not s.contains(ids + np.uint64(5000)).any()\n"
+        "    assert s.get(ids).tobytes() == payload(ids).tobytes(); print('OK')\n"
+        "else:\n"
+        "    sys.exit('no error')\n")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s"), str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"disk tier {tmp_path / 's'}: cannot create a segment" in out.stdout and "OK" in out.stdout
+
+
+def test_index_bytes_per_row_are_small_and_stated(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=1 << 12)
+    ids = np.random.default_rng(0).choice(2**40, 100_000, replace=False).astype(np.uint64)
+    store.put(ids, payload(ids))
+    buckets = store._index.buckets
+    assert buckets == 131072                      # 100k rows at a load of at most 0.8
+    exact = 12 * len(store) + 4 * buckets         # 8 id + 4 location + int32 buckets
+    # within 5% of the rehash load (0.76 of 0.8): the next table's buckets are counted ahead
+    assert store.index_nbytes() == exact + 4 * buckets
+    store.delete(ids[:10_000])
+    assert store.index_nbytes() == exact - 12 * 10_000 and 17 <= store.index_nbytes() / len(store) <= 22
+    assert store.index_row_nbytes() == 12
+
+
+def test_compiled_checks_are_the_documented_function(tmp_path):
+    store = SegmentStore(tmp_path / "s", ODD, segment_rows=8)
+    rng = np.random.default_rng(3)
+    records = np.frombuffer(rng.integers(0, 256, 50 * store.record_bytes, dtype=np.uint8).tobytes(),
+                            store.record_dtype)
+    locs = rng.integers(0, 2**32, 50, dtype=np.uint64).astype(np.uint32)
+    assert np.array_equal(store._checks(records, locs), store._checks_numpy(records, locs))
+    assert len(np.unique(store._checks(records, locs))) == 50
+
+
+def test_a_lean_rehash_index_finds_what_a_default_one_finds():
+    from kvstore_lazy.store.rows import RowIndex
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(0, 2**64, 50_000, dtype=np.uint64))
+    lean, plain = RowIndex(16, max_load=0.8, lean_rehash=True), RowIndex(16)
+    for lo in range(0, len(ids), 997):
+        assert lean.insert(ids[lo:lo + 997]).tolist() == plain.insert(ids[lo:lo + 997]).tolist()
+    probe = np.concatenate([ids[::7], rng.integers(0, 2**64, 1000, dtype=np.uint64)])
+    assert lean.lookup(probe).tolist() == plain.lookup(probe).tolist()
+    assert lean.buckets == 65536 and plain.buckets == 131072          # 50k rows at loads <= 0.8 and <= 0.5
