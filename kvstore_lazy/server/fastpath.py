@@ -84,6 +84,8 @@ class FastPath:
             if got is None:
                 return None
             payload, lens, missing, missing_ids = got
+            if entry.disk is not None:    # the tier's hit rate counts the rows found in memory here too
+                entry.disk.count(hits=(len(raw) - len(missing_ids or b"")) // 8 - 1)
             if missing is not None:
                 # rows not in the table: keys.py makes them (initial values, created or not, or wherever a tier
                 # keeps them), as it would for the whole pull; they go into the reply where they belong

@@ -298,18 +298,20 @@ class RowSparseKey:
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
 
-    def _promote(self, row_ids: np.ndarray) -> None:
-        """Rows of `row_ids` (unique) on disk come back into the table as they left (one batched read)."""
+    def _promote(self, row_ids: np.ndarray, count: bool = True) -> None:
+        """Rows of `row_ids` (unique) on disk come back into the table as they left (one batched read); `count`:
+        they are a request's rows, for the tier's hit rate."""
         if self.disk is not None:
-            self.disk.promote(self._table, row_ids)
+            self.disk.promote(self._table, row_ids, count=count)
 
     def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
         return np.zeros((len(row_ids), self.row_size), self._table.dtype)
 
-    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None) -> np.ndarray:
+    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None, promoted: bool = False) -> np.ndarray:
         """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`); rows on disk come
-        back first."""
-        self._promote(row_ids)
+        back first (unless the caller brought them back: `promoted`)."""
+        if not promoted:
+            self._promote(row_ids)
         before = len(self._table)
         slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
         if self.policy is not None and len(self._table) > before:
@@ -351,7 +353,7 @@ class RowSparseKey:
             if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
                 # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
                 row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
-        slots = self._slots_for(row_ids)
+        slots = self._slots_for(row_ids, promoted=True)
         self._update(slots, values, optimizer)
         if self.policy is not None:
             self.policy.pushed(self._table, slots)
@@ -381,10 +383,11 @@ class RowSparseKey:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             slots = self._table.lookup(row_ids)
-            if self.disk is not None and len(self.disk) and (slots < 0).any():
-                on_disk = self.disk.contains(row_ids[slots < 0])
+            if self.disk is not None:
+                on_disk = self.disk.contains(row_ids[slots < 0]) if len(self.disk) else np.zeros(0, bool)
+                self.disk.count(hits=int((slots >= 0).sum()), misses=int(on_disk.sum()))
                 if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
-                    self._promote(row_ids)        # room under the budget: they come back
+                    self._promote(row_ids, count=False)   # room under the budget: they come back
                     slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0

@@ -155,20 +155,27 @@ class DiskTier:
         return np.concatenate(written) if written else np.zeros(0, np.uint64)
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray) -> int:
+    def count(self, hits: int, misses: int = 0) -> None:
+        """A request touched `hits` rows in memory and `misses` rows on disk (the hit rate: every pull and push,
+        the pulls the compiled fast path answers from memory included)."""
+        self.counters["hits"] += hits
+        self.counters["misses"] += misses
+
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
-        batched read; returns how many. Counts hits (rows found in memory) and misses (found on disk)."""
+        batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
+        and the ones found on disk misses."""
         ids = as_row_ids(row_ids)
         absent = table.lookup(ids) < 0
         cold = ids[absent]
         on_disk = cold[self.store.contains(cold)] if len(cold) and len(self.store) else cold[:0]
-        self.counters["hits"] += int(len(ids) - absent.sum())
+        if count:
+            self.count(int(len(ids) - absent.sum()), len(on_disk))
         if not len(on_disk):
             return 0
         rows = self._unpack(on_disk, self.store.get(on_disk))
         table.insert_rows(rows)
         self.store.delete(on_disk)
-        self.counters["misses"] += len(on_disk)
         self.counters["promoted"] += len(on_disk)
         return len(on_disk)
 
