@@ -40,12 +40,14 @@ import re
 import shlex
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .envvars import c_atoi
 
@@ -65,10 +67,30 @@ SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", "-o", "S
 
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port on `host` below the kernel's ephemeral range. A port the kernel hands out (bind to 0) is closed
+    again before the node binds it, and in that gap any outgoing connection on the machine (a ZeroMQ connect of
+    another job) may take it as its source port: the node's bind fails. Outgoing connections never take these."""
+    high = min(_ephemeral_low(), 65536)
+    for _ in range(200):
+        port = _PORTS.randrange(max(1024, high - 12000), high)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in [{max(1024, high - 12000)}, {high})")
 
 
 def outbound_ip(target: str) -> str:

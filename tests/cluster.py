@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvstore_lazy.launch import free_port  # noqa: F401 (tests take it from here: below the ephemeral range)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -42,12 +43,6 @@ def netns_unavailable() -> str | None:
     if probe.returncode != 0:
         return f"ip netns does not work here: {probe.stderr.strip()}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
