@@ -416,6 +416,7 @@ def module_fetch_param(module, name, value) -> bool:
         return False
     ids, values = worker.fetch_rows(module._kvstore, name, value.shape, np.dtype(value.dtype).name)
     _rsp(value.shape, ids, values, value.dtype).copyto(value)
+    value.wait_to_read()   # copyto is asynchronous and changes the row count, which mx.nd.save reads without waiting
     return True
 
 

@@ -14,7 +14,7 @@ all little-endian::
             u64 n  array x n
             u64 m  (u64 length, bytes) x m        the names; m == 0 (an unnamed list) or m == n
     array   u32 0xF993FAC9 (NDARRAY_V2_MAGIC)  i32 stype (0 default, 1 row_sparse, 2 csr)
-            [shape storage_shape]                 sparse only: (rows stored,) + row shape for row_sparse
+            [shape storage_shape]                 sparse only: (rows stored,) + row shape for row_sparse (*)
             shape                                 the logical shape
             i32 dev_type  i32 dev_id              the context it was saved from (1, 0 = cpu(0))
             i32 type_flag                         mshadow: 0 float32, 1 float64, 2 float16, 3 uint8, 4 int32,
@@ -23,6 +23,11 @@ all little-endian::
             data                                  prod(storage shape) (dense: prod(shape)) values of type_flag
             [aux data] x nad                      row_sparse: the sorted row ids
     shape   i32 ndim  i64 x ndim
+
+(*) Its first dimension is not what MXNet's loader goes by: the number of values stored follows the index array's
+length (row_sparse: the row ids; csr: the column indices). NDArray::Save writes the storage shape *before* it waits
+for pending writes to the array, and the rest after, so an array a pending ``copyto`` was giving another row count
+is saved with the old count there and the new rows everywhere else (a file mx.nd.load reads as the new rows).
 
 An array of ndim 0 ends after its shape (an empty NDArray). Files in the older formats (V1, the legacy u32 shapes)
 and np-shape files (V3 magic, 0xF993FACA) are refused with a clear error: MXNet 1.9.1 writes V2 for every
@@ -129,13 +134,21 @@ def _read_entry(r: _Reader, index: int) -> Entry:
     if stype not in STYPES:
         raise NDFileError(f"{r.path}: array {index} has unknown storage type {stype}")
     nad = {DEFAULT: 0, ROW_SPARSE: 1, CSR: 2}[stype]
-    storage_shape = r.shape() if nad else None
+    storage_shape = r.shape() if nad else ()
     shape = r.shape()
     if len(shape) == 0:
         return Entry("", STYPES[stype], shape, None, start, r.fh.tell())
     r.read(8)   # context
     dtype = r.dtype()
     aux = [(r.dtype(), r.shape()) for _ in range(nad)]
+    if nad:
+        # the stored count is the index array's length (row ids; csr: column indices), as MXNet's loader takes it
+        # (Chunk::set_aux_shape): the storage shape's first dimension can be stale (the module docstring)
+        index_shape = aux[0 if stype == ROW_SPARSE else 1][1]
+        if len(index_shape) != 1 or len(storage_shape) == 0:
+            raise NDFileError(f"{r.path}: array {index} has a bad storage shape {storage_shape} or index shape "
+                              f"{index_shape}")
+        storage_shape = index_shape + storage_shape[1:]
     count = int(np.prod(storage_shape if nad else shape, dtype=np.int64))
     data_offset = r.skip(count * dtype.itemsize)
     aux_offsets, aux_counts = [], []

@@ -395,7 +395,16 @@ def save_ndarrays(path: str, arrays: dict, save_fn=None, lazy: dict | None = Non
     """``mx.nd.save(path, arrays)`` (or ``save_fn(path, arrays)``), atomically: written beside `path`, fsynced,
     renamed over it, so a crash mid-save leaves the previous file intact. `lazy` (entry name -> declaration, as
     :func:`declared` returns it) writes the checkpoint's sidecar with it (kvstore_lazy.checkpoint); ``{}`` removes
-    a stale one."""
+    a stale one.
+
+    Waits for every pending write to the arrays first: MXNet's NDArray::Save writes a sparse array's storage shape
+    (its number of rows) *before* waiting for the array, and its rows after, so saving an array that a pending
+    ``copyto`` is giving another row count (``Module.get_params`` of a lazy weight) writes a header that does not
+    match the data, a file no reader can parse."""
+    values = arrays.values() if isinstance(arrays, dict) else arrays if isinstance(arrays, (list, tuple)) else [arrays]
+    for value in values:
+        if isinstance(value, mx.nd.NDArray):   # (anything else: save_fn says what is wrong)
+            value.wait_to_read()
     with checkpoint.atomic_path(path, lazy) as tmp:
         (save_fn or mx.nd.save)(tmp, arrays)
 
