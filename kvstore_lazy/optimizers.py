@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store import kernels
 
 __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
@@ -50,6 +51,9 @@ __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'Unsu
 _f32 = np.float32
 _ONE = _f32(1)   # np.float32(1) + 1 would be float64 in numpy 1.23; keep literals float32
 _NO_CLIP = _f32(-1)
+# a small dense key's update in one compiled call: store/kernels.c's sgd_mom_rows / adam_rows on its one row
+native.set_update_kernels(kernels.address('sgd_mom_rows'), kernels.address('adam_rows'))
+_sgd_mom_dense, _adam_dense = native.sgd_mom_dense, native.adam_dense
 
 
 class UnsafePickleError(ValueError):
@@ -592,6 +596,9 @@ class SGD(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index, row_sparse)
+        # (not states and row_sparse: sgd_update, SGDDnsRspKernel, below)
+        if (states or not row_sparse) and _sgd_mom_dense(weight, states[0] if states else None, grad, *scalars):
+            return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
             self._kernel(scalars, *flat, row_sparse)
@@ -696,6 +703,8 @@ class Adam(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index)
+        if len(states) == 2 and _adam_dense(weight, *states, grad, *scalars, scalars[6] >= 0 and row_sparse):
+            return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
             self._kernel(scalars, *flat, row_sparse)

@@ -1,8 +1,8 @@
 /* The server's per-message fast path in C: a CPython extension module (kvstore_lazy.protocol._fast).
 
 Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
-groups), gathering a row_sparse pull's rows straight from a row table into its reply, and the counter-based
-uniform values of new rows. Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
+groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based
+uniform values of new rows, and a small dense key's optimizer update in one call (store/kernels.c's kernels). Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
 store/rows.py's RowIndex, initializers.py) or returns None, and the Python caller then takes its general path,
 which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
 Does not own: what a request means, which rows exist or how absent rows are made (server/keys.py).
@@ -476,6 +476,105 @@ static PyObject *row_lens(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyBool_FromLong(ok);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+   The optimizer update of a small dense key in one call, no numpy set-up: the update kernels of store/kernels.c
+   themselves (sgd_mom_rows, adam_rows), reached through the addresses optimizers.py hands over once
+   (set_update_kernels, from store/kernels.py's loaded library), so the arithmetic is that one compiled code and its
+   results are the same bits. A dense array is one row of `len` elements (slot 0).
+
+   set_update_kernels(sgd_mom_rows, adam_rows): the two functions' addresses (ints).
+   sgd_mom_dense(weight, mom, grad, lr, wd, rescale, clip, momentum) -> bool: kernels.sgd_mom_rows of the one row
+   (mom None: no momentum state, multi_sgd_update).
+   adam_dense(weight, mean, var, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> bool.
+   Each returns False, touching nothing, unless every array is a C-contiguous float32 buffer of one shape, the
+   tables writable (the caller then takes its numpy path), or no kernels were handed over. */
+
+typedef void (*SgdMomRows)(float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float, float,
+                           float, float);
+typedef void (*AdamRows)(float *, float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float,
+                         float, float, float, float, float, int);
+static SgdMomRows sgd_mom_rows_fn;
+static AdamRows adam_rows_fn;
+
+static PyObject *set_update_kernels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 2 arguments"); return NULL; }
+    void *sgd = PyLong_AsVoidPtr(args[0]), *adam = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    sgd_mom_rows_fn = (SgdMomRows)sgd;
+    adam_rows_fn = (AdamRows)adam;
+    Py_RETURN_NONE;
+}
+
+/* Up to 4 float32 arrays of one shape: the first `writable` of them writable. 1 if they are (views held, release
+   with release_arrays), 0 if not (nothing held), -1 on an error set. */
+static int float_arrays(PyObject *const *arrays, int n, int writable, Py_buffer *views, Py_ssize_t *len) {
+    for (int i = 0; i < n; i++) {
+        int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (i < writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(arrays[i], &views[i], flags) < 0) {
+            PyErr_Clear();
+            for (int j = 0; j < i; j++) PyBuffer_Release(&views[j]);
+            return 0;
+        }
+        const char *format = views[i].format;
+        int same = !i || (views[i].ndim == views[0].ndim && views[i].len == views[0].len);
+        for (int d = 0; same && i && d < views[i].ndim; d++) same = views[i].shape[d] == views[0].shape[d];
+        if (views[i].itemsize != 4 || format == NULL || strcmp(format, "f") != 0 || !same) {
+            for (int j = 0; j <= i; j++) PyBuffer_Release(&views[j]);
+            return 0;
+        }
+    }
+    *len = views[0].len / 4;
+    return 1;
+}
+
+static void release_arrays(Py_buffer *views, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&views[i]);
+}
+
+static int floats(PyObject *const *args, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        out[i] = (float)PyFloat_AsDouble(args[i]);
+        if (out[i] == -1.0f && PyErr_Occurred()) return 0;
+    }
+    return 1;
+}
+
+static const int64_t ROW0[1] = {0};
+
+static PyObject *sgd_mom_dense(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "sgd_mom_dense takes 8 arguments"); return NULL; }
+    float f[5];
+    if (!floats(args + 3, 5, f)) return NULL;
+    if (sgd_mom_rows_fn == NULL) Py_RETURN_FALSE;
+    int has_mom = args[1] != Py_None;
+    PyObject *arrays[3] = {args[0], has_mom ? args[1] : args[2], args[2]};
+    Py_buffer views[3];
+    Py_ssize_t len;
+    int n = has_mom ? 3 : 2, ok = float_arrays(arrays, n, has_mom ? 2 : 1, views, &len);
+    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_FALSE; }
+    sgd_mom_rows_fn(views[0].buf, has_mom ? views[1].buf : NULL, ROW0, 1, views[n - 1].buf, len, f[0], f[1], f[2],
+                    f[3], f[4]);
+    release_arrays(views, n);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *adam_dense(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) { PyErr_SetString(PyExc_TypeError, "adam_dense takes 12 arguments"); return NULL; }
+    float f[7];
+    if (!floats(args + 4, 7, f)) return NULL;
+    int square_first = PyObject_IsTrue(args[11]);
+    if (square_first < 0) return NULL;
+    if (adam_rows_fn == NULL) Py_RETURN_FALSE;
+    Py_buffer views[4];
+    Py_ssize_t len;
+    int ok = float_arrays(args, 4, 3, views, &len);
+    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_FALSE; }
+    adam_rows_fn(views[0].buf, views[1].buf, views[2].buf, ROW0, 1, views[3].buf, len, f[0], f[1], f[2], f[3], f[4],
+                 f[5], f[6], square_first);
+    release_arrays(views, 4);
+    Py_RETURN_TRUE;
+}
+
 static PyObject *digest(PyObject *self, PyObject *unused) { return PyUnicode_FromString(FAST_DIGEST); }
 
 static PyMethodDef methods[] = {
@@ -487,6 +586,12 @@ static PyMethodDef methods[] = {
      "Counter-based uniform initial values of rows."},
     {"sorted_rows", sorted_rows, METH_O, "Whether a keys frame's row keys are what a worker sends."},
     {"row_lens", (PyCFunction)(void (*)(void))row_lens, METH_FASTCALL, "Whether a lens frame is what a worker sends."},
+    {"set_update_kernels", (PyCFunction)(void (*)(void))set_update_kernels, METH_FASTCALL,
+     "The addresses of store/kernels.c's sgd_mom_rows and adam_rows."},
+    {"sgd_mom_dense", (PyCFunction)(void (*)(void))sgd_mom_dense, METH_FASTCALL,
+     "kernels.sgd_mom_rows on a dense float32 array; False if it cannot take the arrays."},
+    {"adam_dense", (PyCFunction)(void (*)(void))adam_dense, METH_FASTCALL,
+     "kernels.adam_rows on a dense float32 array; False if it cannot take the arrays."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
     {NULL, NULL, 0, NULL},
 };
