@@ -169,6 +169,7 @@ def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
 
 
 _F32 = np.dtype(np.float32)
+_U64 = np.dtype("<u8")
 
 
 def row_pull(sender: int, meta: Meta, key: int, master: int, local_ids: np.ndarray) -> DataRequest:
@@ -181,6 +182,15 @@ def row_pull(sender: int, meta: Meta, key: int, master: int, local_ids: np.ndarr
     request = _new(DataRequest)
     request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key, keys=keys,
                             local_ids=local_ids, values=None, original_size=0)
+    return request
+
+
+def dense_push(sender: int, meta: Meta, key: int, raw_key: bytes, values: np.ndarray) -> DataRequest:
+    """The dense push of `values` (its dtype the wire's) to this server's `key` (`raw_key`: the keys frame as sent),
+    as :func:`parse` decodes it from a worker: how the fast path hands a push to a sync round (server/fastpath.py)."""
+    request = _new(DataRequest)
+    request.__dict__.update(sender=sender, meta=meta, request_type=mx.DEFAULT, dtype=values.dtype, key=key,
+                            keys=np.frombuffer(raw_key, _U64), local_ids=_NO_ROWS, values=values, original_size=0)
     return request
 
 

@@ -98,6 +98,11 @@ class DenseKey:
                                        f"{self.dtype.name}")
         return values.astype(np.float32) if self._master is not None else values
 
+    def plain_gradient(self, dtype: np.dtype, size: int) -> bool:
+        """Whether a push of `size` `dtype` values is a gradient :meth:`gradient` takes as it is (no master copy):
+        the fast path's condition for handing it to the round (server/fastpath.py)."""
+        return dtype == self.dtype and size == self._value.size and self._master is None
+
     def merge(self, merged, grad: np.ndarray, count: int) -> np.ndarray:
         if count == 0:
             return grad              # the message's buffer, never written: the 2nd push sums elsewhere
