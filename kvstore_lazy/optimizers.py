@@ -54,6 +54,7 @@ _NO_CLIP = _f32(-1)
 # a small dense key's update in one compiled call: store/kernels.c's sgd_mom_rows / adam_rows on its one row
 native.set_update_kernels(kernels.address('sgd_mom_rows'), kernels.address('adam_rows'))
 _sgd_mom_dense, _adam_dense = native.sgd_mom_dense, native.adam_dense
+_parse_float32 = native.parse_float32
 
 
 class UnsafePickleError(ValueError):
@@ -122,8 +123,11 @@ def _dmlc_parse(text: str, ftype: type) -> Any:
 
 
 def _op_f32(value: Any) -> np.float32:
-    """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...)."""
-    return _dmlc_parse(str(value), _f32)
+    """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...). The compiled parser
+    (_fast.c parse_float32, the same steps) takes str(float)'s text: Adam's lr is a new value every update."""
+    text = str(value)
+    parsed = _parse_float32(text)
+    return _dmlc_parse(text, _f32) if parsed is None else _f32(parsed)
 
 
 def _scalar_f32(value: Any) -> np.float32:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvstore_lazy.initializers as ki
+import kvstore_lazy.optimizers as opt
 from kvstore_lazy.protocol import fast
 from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store.rows import RowTable
@@ -139,3 +140,36 @@ def test_a_stale_build_is_refused(tmp_path, monkeypatch):
         fast.load()
     monkeypatch.undo()
     assert importlib.reload(fast).native.digest() == native.digest()
+
+
+# -- parse_float32: optimizers' dmlc::ParseFloat<float> (the Python steps are the reference)
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                 st.floats(1e-12, 10.0), st.floats(-1e-3, 1e-3), st.integers(-10 ** 20, 10 ** 20)))
+def test_parse_float32_is_the_python_parser_on_str_of_a_number(value):
+    text = str(value)
+    parsed = native.parse_float32(text)
+    with np.errstate(all="ignore"):   # values past float32's range overflow to inf in both
+        want = opt._dmlc_parse.__wrapped__(text, np.float32)
+    if parsed is None:   # only what it hands back: a long integer part
+        assert len(text.lstrip("+-").split(".")[0].split("e")[0]) > 15
+        return
+    assert np.float32(parsed).tobytes() == np.float32(want).tobytes(), text
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet="0123456789+-.eE", max_size=40) | st.text(max_size=12))
+def test_parse_float32_is_the_python_parser_or_hands_back(text):
+    parsed = native.parse_float32(text)
+    if parsed is None:
+        return
+    with np.errstate(all="ignore"):
+        want = opt._dmlc_parse.__wrapped__(text, np.float32)
+    assert np.float32(parsed).tobytes() == np.float32(want).tobytes(), text
+
+
+def test_parse_float32_hands_back_what_python_must_decide():
+    for text in (" 0.5", "0.5\n", "inf", "-nan", "NaN", "1" * 16 + ".0", "\u0661.5", "0.\u0665"):
+        assert native.parse_float32(text) is None, text
+    assert native.parse_float32("0.001") == float(np.float32(opt._dmlc_parse.__wrapped__("0.001", np.float32)))
