@@ -51,9 +51,9 @@ __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'Unsu
 _f32 = np.float32
 _ONE = _f32(1)   # np.float32(1) + 1 would be float64 in numpy 1.23; keep literals float32
 _NO_CLIP = _f32(-1)
-# a small dense key's update in one compiled call: store/kernels.c's sgd_mom_rows / adam_rows on its one row
-native.set_update_kernels(kernels.address('sgd_mom_rows'), kernels.address('adam_rows'))
-_sgd_mom_dense, _adam_dense = native.sgd_mom_dense, native.adam_dense
+# updates in one compiled call (_fast.c: store/kernels.c's own update kernels, without ctypes' per-call set-up)
+native.set_update_kernels(*(kernels.address(name) for name in ('sgd_rows', 'sgd_mom_rows', 'adam_rows')))
+_sgd, _sgd_mom, _adam = native.sgd, native.sgd_mom, native.adam
 _parse_float32 = native.parse_float32
 
 
@@ -584,8 +584,18 @@ class SGD(Optimizer):
                     grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
-        self._kernel(self._scalars(key, True), weight, states, slots, grad, True)
+        scalars = self._scalars(key, True)
+        if not self._native(scalars, weight, states, slots, grad, True):
+            self._kernel(scalars, weight, states, slots, grad, True)
         return True
+
+    @staticmethod
+    def _native(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray | None,
+                grad: np.ndarray, row_sparse: bool) -> bool:
+        """:meth:`_kernel` in one compiled call (slots None: the whole array is one row); False if it cannot."""
+        if not states and row_sparse:
+            return _sgd(weight, slots, grad, *scalars[:4])
+        return _sgd_mom(weight, states[0] if states else None, slots, grad, *scalars)
 
     @staticmethod
     def _kernel(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray, grad: np.ndarray,
@@ -600,8 +610,7 @@ class SGD(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index, row_sparse)
-        # (not states and row_sparse: sgd_update, SGDDnsRspKernel, below)
-        if (states or not row_sparse) and _sgd_mom_dense(weight, states[0] if states else None, grad, *scalars):
+        if self._native(scalars, weight, states, None, grad, row_sparse):
             return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
@@ -693,7 +702,9 @@ class Adam(Optimizer):
                     grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
-        self._kernel(self._scalars(key), weight, states, slots, grad, True)
+        scalars = self._scalars(key)
+        if not _adam(weight, *states, slots, grad, *scalars, scalars[6] >= 0):
+            self._kernel(scalars, weight, states, slots, grad, True)
         return True
 
     @staticmethod
@@ -707,7 +718,7 @@ class Adam(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index)
-        if len(states) == 2 and _adam_dense(weight, *states, grad, *scalars, scalars[6] >= 0 and row_sparse):
+        if len(states) == 2 and _adam(weight, *states, None, grad, *scalars, scalars[6] >= 0 and row_sparse):
             return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:

@@ -2,7 +2,7 @@
 
 Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
 groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based
-uniform values of new rows, and a small dense key's optimizer update in one call (store/kernels.c's kernels). Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
+uniform values of new rows, and optimizer updates in one call (store/kernels.c's kernels, no ctypes set-up). Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
 store/rows.py's RowIndex, initializers.py) or returns None, and the Python caller then takes its general path,
 which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
 Does not own: what a request means, which rows exist or how absent rows are made (server/keys.py).
@@ -477,58 +477,94 @@ static PyObject *row_lens(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   The optimizer update of a small dense key in one call, no numpy set-up: the update kernels of store/kernels.c
-   themselves (sgd_mom_rows, adam_rows), reached through the addresses optimizers.py hands over once
+   Optimizer updates in one call, no numpy or ctypes set-up: the update kernels of store/kernels.c themselves
+   (sgd_rows, sgd_mom_rows, adam_rows), reached through the addresses optimizers.py hands over once
    (set_update_kernels, from store/kernels.py's loaded library), so the arithmetic is that one compiled code and its
-   results are the same bits. A dense array is one row of `len` elements (slot 0).
+   results are the same bits. `slots` None: a dense array, one row of all its elements (slot 0), the tables and the
+   gradient of one shape; else the row tables' rows `slots` (int64, each in [0, rows)) get the gradient's rows (2-D
+   tables of one shape, a (len(slots), cols) gradient), as kernels.py's wrappers and kernels.accepts take them.
 
-   set_update_kernels(sgd_mom_rows, adam_rows): the two functions' addresses (ints).
-   sgd_mom_dense(weight, mom, grad, lr, wd, rescale, clip, momentum) -> bool: kernels.sgd_mom_rows of the one row
-   (mom None: no momentum state, multi_sgd_update).
-   adam_dense(weight, mean, var, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> bool.
-   Each returns False, touching nothing, unless every array is a C-contiguous float32 buffer of one shape, the
-   tables writable (the caller then takes its numpy path), or no kernels were handed over. */
+   set_update_kernels(sgd_rows, sgd_mom_rows, adam_rows): the three functions' addresses (ints).
+   sgd(weight, slots, grad, lr, wd, rescale, clip) -> bool: kernels.sgd_rows.
+   sgd_mom(weight, mom, slots, grad, lr, wd, rescale, clip, momentum) -> bool: kernels.sgd_mom_rows (mom None: no
+   momentum state, multi_sgd_update).
+   adam(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> bool.
+   Each returns False, touching nothing, unless every array is a C-contiguous float32 buffer (int64 slots) of the
+   shapes above, the tables writable, or no kernels were handed over: the caller then takes its own path. */
 
+typedef void (*SgdRows)(float *, const int64_t *, int64_t, const float *, int64_t, float, float, float, float);
 typedef void (*SgdMomRows)(float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float, float,
                            float, float);
 typedef void (*AdamRows)(float *, float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float,
                          float, float, float, float, float, int);
+static SgdRows sgd_rows_fn;
 static SgdMomRows sgd_mom_rows_fn;
 static AdamRows adam_rows_fn;
 
 static PyObject *set_update_kernels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 2 arguments"); return NULL; }
-    void *sgd = PyLong_AsVoidPtr(args[0]), *adam = PyLong_AsVoidPtr(args[1]);
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 3 arguments"); return NULL; }
+    void *sgd = PyLong_AsVoidPtr(args[0]), *sgd_mom = PyLong_AsVoidPtr(args[1]), *adam = PyLong_AsVoidPtr(args[2]);
     if (PyErr_Occurred()) return NULL;
-    sgd_mom_rows_fn = (SgdMomRows)sgd;
+    sgd_rows_fn = (SgdRows)sgd;
+    sgd_mom_rows_fn = (SgdMomRows)sgd_mom;
     adam_rows_fn = (AdamRows)adam;
     Py_RETURN_NONE;
 }
 
-/* Up to 4 float32 arrays of one shape: the first `writable` of them writable. 1 if they are (views held, release
-   with release_arrays), 0 if not (nothing held), -1 on an error set. */
-static int float_arrays(PyObject *const *arrays, int n, int writable, Py_buffer *views, Py_ssize_t *len) {
-    for (int i = 0; i < n; i++) {
-        int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (i < writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(arrays[i], &views[i], flags) < 0) {
-            PyErr_Clear();
-            for (int j = 0; j < i; j++) PyBuffer_Release(&views[j]);
-            return 0;
-        }
-        const char *format = views[i].format;
-        int same = !i || (views[i].ndim == views[0].ndim && views[i].len == views[0].len);
-        for (int d = 0; same && i && d < views[i].ndim; d++) same = views[i].shape[d] == views[0].shape[d];
-        if (views[i].itemsize != 4 || format == NULL || strcmp(format, "f") != 0 || !same) {
-            for (int j = 0; j <= i; j++) PyBuffer_Release(&views[j]);
-            return 0;
-        }
-    }
-    *len = views[0].len / 4;
+/* The buffers of an update: `ntables` tables (writable), then the gradient, then the slots (or None). */
+typedef struct {
+    Py_buffer views[5];
+    int held;
+    int64_t n, cols;
+    const int64_t *slots;
+} Update;
+
+static const int64_t ROW0[1] = {0};
+
+static void release_update(Update *u) {
+    for (int i = 0; i < u->held; i++) PyBuffer_Release(&u->views[i]);
+    u->held = 0;
+}
+
+static int same_shape(const Py_buffer *a, const Py_buffer *b) {
+    if (a->ndim != b->ndim || a->len != b->len) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
     return 1;
 }
 
-static void release_arrays(Py_buffer *views, int n) {
-    for (int i = 0; i < n; i++) PyBuffer_Release(&views[i]);
+/* 1: the arrays are what the kernels take (views held: release_update); 0: they are not (nothing held). */
+static int update_arrays(PyObject *const *tables, int ntables, PyObject *grad, PyObject *slots, Update *u) {
+    u->held = 0;
+    for (int i = 0; i <= ntables; i++) {
+        PyObject *array = i < ntables ? tables[i] : grad;
+        int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (i < ntables ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(array, &u->views[i], flags) < 0) { PyErr_Clear(); goto no; }
+        u->held++;
+        const char *format = u->views[i].format;
+        if (u->views[i].itemsize != 4 || format == NULL || strcmp(format, "f") != 0) goto no;
+        if (i && i < ntables && !same_shape(&u->views[i], &u->views[0])) goto no;
+    }
+    Py_buffer *table = &u->views[0], *g = &u->views[ntables];
+    if (slots == Py_None) {
+        if (!same_shape(g, table)) goto no;
+        u->n = 1, u->cols = table->len / 4, u->slots = ROW0;
+        return 1;
+    }
+    Py_buffer *sv = &u->views[ntables + 1];
+    if (PyObject_GetBuffer(slots, sv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) { PyErr_Clear(); goto no; }
+    u->held++;
+    const char *format = sv->format;
+    if (sv->itemsize != 8 || sv->ndim != 1 || format == NULL || (strcmp(format, "l") && strcmp(format, "q"))
+            || table->ndim != 2 || g->ndim != 2 || g->shape[0] != sv->shape[0] || g->shape[1] != table->shape[1])
+        goto no;
+    u->n = sv->shape[0], u->cols = table->shape[1], u->slots = sv->buf;
+    for (int64_t i = 0; i < u->n; i++)
+        if (u->slots[i] < 0 || u->slots[i] >= table->shape[0]) goto no;
+    return 1;
+no:
+    release_update(u);
+    return 0;
 }
 
 static int floats(PyObject *const *args, int n, float *out) {
@@ -539,39 +575,41 @@ static int floats(PyObject *const *args, int n, float *out) {
     return 1;
 }
 
-static const int64_t ROW0[1] = {0};
-
-static PyObject *sgd_mom_dense(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "sgd_mom_dense takes 8 arguments"); return NULL; }
-    float f[5];
-    if (!floats(args + 3, 5, f)) return NULL;
-    if (sgd_mom_rows_fn == NULL) Py_RETURN_FALSE;
-    int has_mom = args[1] != Py_None;
-    PyObject *arrays[3] = {args[0], has_mom ? args[1] : args[2], args[2]};
-    Py_buffer views[3];
-    Py_ssize_t len;
-    int n = has_mom ? 3 : 2, ok = float_arrays(arrays, n, has_mom ? 2 : 1, views, &len);
-    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_FALSE; }
-    sgd_mom_rows_fn(views[0].buf, has_mom ? views[1].buf : NULL, ROW0, 1, views[n - 1].buf, len, f[0], f[1], f[2],
-                    f[3], f[4]);
-    release_arrays(views, n);
+static PyObject *sgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "sgd takes 7 arguments"); return NULL; }
+    float f[4];
+    Update u;
+    if (!floats(args + 3, 4, f)) return NULL;
+    if (sgd_rows_fn == NULL || !update_arrays(args, 1, args[2], args[1], &u)) Py_RETURN_FALSE;
+    sgd_rows_fn(u.views[0].buf, u.slots, u.n, u.views[1].buf, u.cols, f[0], f[1], f[2], f[3]);
+    release_update(&u);
     Py_RETURN_TRUE;
 }
 
-static PyObject *adam_dense(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) { PyErr_SetString(PyExc_TypeError, "adam_dense takes 12 arguments"); return NULL; }
+static PyObject *sgd_mom(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "sgd_mom takes 9 arguments"); return NULL; }
+    float f[5];
+    Update u;
+    if (!floats(args + 4, 5, f)) return NULL;
+    int has_mom = args[1] != Py_None;
+    if (sgd_mom_rows_fn == NULL || !update_arrays(args, has_mom ? 2 : 1, args[3], args[2], &u)) Py_RETURN_FALSE;
+    sgd_mom_rows_fn(u.views[0].buf, has_mom ? u.views[1].buf : NULL, u.slots, u.n, u.views[has_mom ? 2 : 1].buf,
+                    u.cols, f[0], f[1], f[2], f[3], f[4]);
+    release_update(&u);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *adam(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) { PyErr_SetString(PyExc_TypeError, "adam takes 13 arguments"); return NULL; }
     float f[7];
-    if (!floats(args + 4, 7, f)) return NULL;
-    int square_first = PyObject_IsTrue(args[11]);
+    Update u;
+    if (!floats(args + 5, 7, f)) return NULL;
+    int square_first = PyObject_IsTrue(args[12]);
     if (square_first < 0) return NULL;
-    if (adam_rows_fn == NULL) Py_RETURN_FALSE;
-    Py_buffer views[4];
-    Py_ssize_t len;
-    int ok = float_arrays(args, 4, 3, views, &len);
-    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_FALSE; }
-    adam_rows_fn(views[0].buf, views[1].buf, views[2].buf, ROW0, 1, views[3].buf, len, f[0], f[1], f[2], f[3], f[4],
-                 f[5], f[6], square_first);
-    release_arrays(views, 4);
+    if (adam_rows_fn == NULL || !update_arrays(args, 3, args[4], args[3], &u)) Py_RETURN_FALSE;
+    adam_rows_fn(u.views[0].buf, u.views[1].buf, u.views[2].buf, u.slots, u.n, u.views[3].buf, u.cols, f[0], f[1],
+                 f[2], f[3], f[4], f[5], f[6], square_first);
+    release_update(&u);
     Py_RETURN_TRUE;
 }
 
@@ -642,11 +680,11 @@ static PyMethodDef methods[] = {
     {"sorted_rows", sorted_rows, METH_O, "Whether a keys frame's row keys are what a worker sends."},
     {"row_lens", (PyCFunction)(void (*)(void))row_lens, METH_FASTCALL, "Whether a lens frame is what a worker sends."},
     {"set_update_kernels", (PyCFunction)(void (*)(void))set_update_kernels, METH_FASTCALL,
-     "The addresses of store/kernels.c's sgd_mom_rows and adam_rows."},
-    {"sgd_mom_dense", (PyCFunction)(void (*)(void))sgd_mom_dense, METH_FASTCALL,
-     "kernels.sgd_mom_rows on a dense float32 array; False if it cannot take the arrays."},
-    {"adam_dense", (PyCFunction)(void (*)(void))adam_dense, METH_FASTCALL,
-     "kernels.adam_rows on a dense float32 array; False if it cannot take the arrays."},
+     "The addresses of store/kernels.c's sgd_rows, sgd_mom_rows and adam_rows."},
+    {"sgd", (PyCFunction)(void (*)(void))sgd, METH_FASTCALL, "kernels.sgd_rows in one call; False if it cannot."},
+    {"sgd_mom", (PyCFunction)(void (*)(void))sgd_mom, METH_FASTCALL,
+     "kernels.sgd_mom_rows in one call; False if it cannot."},
+    {"adam", (PyCFunction)(void (*)(void))adam, METH_FASTCALL, "kernels.adam_rows in one call; False if it cannot."},
     {"parse_float32", parse_float32, METH_O, "optimizers._dmlc_parse(text, float32) of str(float)'s text, or None."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
     {NULL, NULL, 0, NULL},
