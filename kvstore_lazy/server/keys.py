@@ -342,7 +342,7 @@ class RowSparseKey:
     def merge(merged, grad: tuple[np.ndarray, np.ndarray], count: int) -> tuple[np.ndarray, np.ndarray]:
         local_ids, values = grad
         if count == 0:
-            return local_ids.copy(), values.copy()
+            return grad              # the message's arrays, never written: merge_rows sums into new ones
         if len(local_ids) == 0:
             return merged
         return kernels.merge_rows(merged[0], merged[1], local_ids, values)
