@@ -51,8 +51,10 @@ __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'Unsu
 _f32 = np.float32
 _ONE = _f32(1)   # np.float32(1) + 1 would be float64 in numpy 1.23; keep literals float32
 _NO_CLIP = _f32(-1)
-# updates in one compiled call (_fast.c: store/kernels.c's own update kernels, without ctypes' per-call set-up)
-native.set_update_kernels(*(kernels.address(name) for name in ('sgd_rows', 'sgd_mom_rows', 'adam_rows')))
+# updates (and keys.py's round merges) in one compiled call: _fast.c calls store/kernels.c's own kernels, without
+# ctypes' per-call set-up
+native.set_update_kernels(*(kernels.address(name) for name in ('sgd_rows', 'sgd_mom_rows', 'adam_rows',
+                                                                 'merge_rows_f32')))
 _sgd, _sgd_mom, _adam = native.sgd, native.sgd_mom, native.adam
 _parse_float32 = native.parse_float32
 

@@ -225,3 +225,21 @@ def test_compiled_updates_decline_what_the_kernels_cannot_take():
                 (read_only, m, slots, grad), (w, m, None, grad), (w[:, ::2], m[:, ::2], slots, grad[:, ::2])]:
         assert native.sgd_mom(*bad, *args) is False
         assert (w.tobytes(), m.tobytes()) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=30), st.sets(st.integers(0, 60), max_size=30), st.integers(1, 5))
+def test_compiled_merge_is_kernels_merge_rows(a, b, cols):
+    import kvstore_lazy.optimizers  # noqa: F401  (hands the kernels' addresses over)
+    from kvstore_lazy.store import kernels
+    ids_a, ids_b = np.array(sorted(a), np.int64), np.array(sorted(b), np.int64)
+    rng = np.random.default_rng(len(a) * 100 + len(b))
+    vals_a = rng.standard_normal((len(ids_a), cols)).astype(np.float32)
+    vals_b = rng.standard_normal((len(ids_b), cols)).astype(np.float32)
+    got = native.merge_rows(ids_a, vals_a, ids_b, vals_b)
+    want = kernels.merge_rows(ids_a, vals_a, ids_b, vals_b)
+    assert got is not None
+    assert (bytes(got[0]), bytes(got[1])) == (want[0].tobytes(), want[1].tobytes())
+    assert native.merge_rows(ids_a, vals_a.astype(np.float16), ids_b, vals_b) is None   # kernels.py decides
+    assert native.merge_rows(ids_a.astype(np.int32), vals_a, ids_b, vals_b) is None
+    assert native.merge_rows(ids_a, vals_a, ids_b, vals_b[:, :cols - 1]) is None

@@ -484,7 +484,7 @@ static PyObject *row_lens(PyObject *self, PyObject *const *args, Py_ssize_t narg
    gradient of one shape; else the row tables' rows `slots` (int64, each in [0, rows)) get the gradient's rows (2-D
    tables of one shape, a (len(slots), cols) gradient), as kernels.py's wrappers and kernels.accepts take them.
 
-   set_update_kernels(sgd_rows, sgd_mom_rows, adam_rows): the three functions' addresses (ints).
+   set_update_kernels(sgd_rows, sgd_mom_rows, adam_rows, merge_rows_f32): the functions' addresses (ints).
    sgd(weight, slots, grad, lr, wd, rescale, clip) -> bool: kernels.sgd_rows.
    sgd_mom(weight, mom, slots, grad, lr, wd, rescale, clip, momentum) -> bool: kernels.sgd_mom_rows (mom None: no
    momentum state, multi_sgd_update).
@@ -497,17 +497,22 @@ typedef void (*SgdMomRows)(float *, float *, const int64_t *, int64_t, const flo
                            float, float);
 typedef void (*AdamRows)(float *, float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float,
                          float, float, float, float, float, int);
+typedef int64_t (*MergeRows)(const int64_t *, const float *, int64_t, const int64_t *, const float *, int64_t, int64_t,
+                             int64_t *, float *);
 static SgdRows sgd_rows_fn;
 static SgdMomRows sgd_mom_rows_fn;
 static AdamRows adam_rows_fn;
+static MergeRows merge_rows_fn;
 
 static PyObject *set_update_kernels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 3 arguments"); return NULL; }
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 4 arguments"); return NULL; }
     void *sgd = PyLong_AsVoidPtr(args[0]), *sgd_mom = PyLong_AsVoidPtr(args[1]), *adam = PyLong_AsVoidPtr(args[2]);
+    void *merge = PyLong_AsVoidPtr(args[3]);
     if (PyErr_Occurred()) return NULL;
     sgd_rows_fn = (SgdRows)sgd;
     sgd_mom_rows_fn = (SgdMomRows)sgd_mom;
     adam_rows_fn = (AdamRows)adam;
+    merge_rows_fn = (MergeRows)merge;
     Py_RETURN_NONE;
 }
 
@@ -613,6 +618,53 @@ static PyObject *adam(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_TRUE;
 }
 
+/* merge_rows(ids_a, vals_a, ids_b, vals_b) -> (ids, vals) or None: kernels.merge_rows of a dist_sync round (kernels.c
+   merge_rows_f32: the union of two sorted unique int64 id lists, rows in both summed a + b) as bytearrays of the
+   int64 ids and the float32 rows; None unless the ids are 1-D int64 and the rows C-contiguous float32 (len(ids),
+   cols) of one cols (kernels.merge_rows decides). */
+static PyObject *merge_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "merge_rows takes 4 arguments"); return NULL; }
+    if (merge_rows_fn == NULL) Py_RETURN_NONE;
+    Py_buffer v[4];
+    int held = 0;
+    PyObject *ids = NULL, *vals = NULL, *result = NULL;
+    for (; held < 4; held++) {
+        if (PyObject_GetBuffer(args[held], &v[held], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            goto fallback;
+        }
+        const char *format = v[held].format;
+        int is_ids = held % 2 == 0;
+        if (format == NULL || v[held].itemsize != (is_ids ? 8 : 4) || v[held].ndim != (is_ids ? 1 : 2)
+                || (is_ids ? strcmp(format, "l") && strcmp(format, "q") : strcmp(format, "f") != 0)) {
+            held++;
+            goto fallback;
+        }
+    }
+    int64_t na = v[0].shape[0], nb = v[2].shape[0], cols = v[1].shape[1];
+    if (v[1].shape[0] != na || v[3].shape[0] != nb || v[3].shape[1] != cols) goto fallback;
+    ids = PyByteArray_FromStringAndSize(NULL, (na + nb) * 8);
+    vals = PyByteArray_FromStringAndSize(NULL, (na + nb) * cols * 4);
+    if (ids == NULL || vals == NULL) goto done;
+    int64_t n = merge_rows_fn(v[0].buf, v[1].buf, na, v[2].buf, v[3].buf, nb, cols,
+                              (int64_t *)PyByteArray_AsString(ids), (float *)PyByteArray_AsString(vals));
+    if (PyByteArray_Resize(ids, n * 8) < 0 || PyByteArray_Resize(vals, n * cols * 4) < 0) goto done;
+    result = PyTuple_New(2);
+    if (result == NULL) goto done;
+    PyTuple_SetItem(result, 0, ids);
+    PyTuple_SetItem(result, 1, vals);
+    ids = vals = NULL;
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(vals);
+    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
    parse_float32(text) -> float or None: optimizers._dmlc_parse(text, np.float32) (dmlc::ParseFloat<float>, step by
    step: not correctly rounded), for the ASCII text str(float) gives, which is what a changing hyper-parameter (Adam's
@@ -685,6 +737,8 @@ static PyMethodDef methods[] = {
     {"sgd_mom", (PyCFunction)(void (*)(void))sgd_mom, METH_FASTCALL,
      "kernels.sgd_mom_rows in one call; False if it cannot."},
     {"adam", (PyCFunction)(void (*)(void))adam, METH_FASTCALL, "kernels.adam_rows in one call; False if it cannot."},
+    {"merge_rows", (PyCFunction)(void (*)(void))merge_rows, METH_FASTCALL,
+     "kernels.merge_rows of a round as bytearrays, or None."},
     {"parse_float32", parse_float32, METH_O, "optimizers._dmlc_parse(text, float32) of str(float)'s text, or None."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
     {NULL, NULL, 0, NULL},

@@ -24,12 +24,15 @@ from typing import Callable
 import numpy as np
 
 from ..optimizers import Optimizer
+from ..protocol.fast import native
 from ..protocol.kv import BadRequest, DataRequest
 from ..store import kernels
 from ..store.rows import RowTable
 from ..store.tier import DiskTier
 from .declaration import LazySpec
 from .lifecycle import Lifecycle, RowPolicy
+
+_merge_rows = native.merge_rows   # (its kernel's address comes from optimizers, imported above)
 
 
 class SyncRound:
@@ -345,7 +348,10 @@ class RowSparseKey:
             return grad              # the message's arrays, never written: merge_rows sums into new ones
         if len(local_ids) == 0:
             return merged
-        return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        got = _merge_rows(merged[0], merged[1], local_ids, values)   # kernels.merge_rows in one compiled call
+        if got is None:
+            return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.float32).reshape(-1, values.shape[1])
 
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None) -> None:
         local_ids, values = grad
