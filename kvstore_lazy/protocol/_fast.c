@@ -720,6 +720,63 @@ static PyObject *parse_float32(PyObject *self, PyObject *arg) {
     return PyFloat_FromDouble((double)(neg ? -value : value));
 }
 
+/* row_push(keys, lens, vals_len, itemsize) -> (local_ids, row_size, master) or None: a row_sparse push's frames as a
+   worker sends them, checked in one pass: what protocol/kv.py's decode_kv, _row_sparse and _rows check, for a push of
+   at least one row (uint64 keys, the row keys strictly increasing from the master key on and at most 2**63 - 1 past
+   it; one int32 len per key, 0 for the master key, then each row's bytes or elements; vals_len bytes a whole number
+   of rows of whole values). local_ids (a bytearray of int64) are the row keys less the master key. None for
+   anything else: kv.py's checks decide and name what is wrong. */
+static PyObject *row_push(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "row_push takes 4 arguments"); return NULL; }
+    Py_ssize_t vals_len = PyLong_AsSsize_t(args[2]), itemsize = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer keys, lens;
+    if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &lens, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&keys); return NULL; }
+    PyObject *ids = NULL, *result = NULL;
+    Py_ssize_t nkeys = keys.len / 8, nrows = nkeys - 1;
+    if (keys.len % 8 || nkeys < 2 || lens.len != nkeys * 4 || itemsize <= 0 || vals_len % nrows) goto fallback;
+    Py_ssize_t row_bytes = vals_len / nrows, row_size = row_bytes / itemsize;
+    if (row_bytes == 0 || row_bytes % itemsize || row_bytes > INT32_MAX) goto fallback;
+    const unsigned char *kb = keys.buf, *lb = lens.buf;
+    int32_t len;
+    memcpy(&len, lb, 4);
+    if (len != 0) goto fallback;
+    for (Py_ssize_t i = 1; i < nkeys; i++) {
+        memcpy(&len, lb + 4 * i, 4);
+        if (len != row_bytes && len != row_size) goto fallback;
+    }
+    uint64_t master, previous, key;
+    memcpy(&master, kb, 8);
+    ids = PyByteArray_FromStringAndSize(NULL, nrows * 8);
+    if (ids == NULL) goto done;
+    int64_t *local = (int64_t *)PyByteArray_AsString(ids);
+    previous = master;
+    for (Py_ssize_t i = 1; i < nkeys; i++) {
+        memcpy(&key, kb + 8 * i, 8);
+        if (i == 1 ? key < master : key <= previous) goto fallback;
+        if (key - master > (uint64_t)INT64_MAX) goto fallback;
+        local[i - 1] = (int64_t)(key - master);
+        previous = key;
+    }
+    PyObject *size = PyLong_FromSsize_t(row_size), *first = PyLong_FromUnsignedLongLong(master);
+    if (size != NULL && first != NULL) result = PyTuple_New(3);
+    if (result == NULL) { Py_XDECREF(size); Py_XDECREF(first); goto done; }
+    PyTuple_SetItem(result, 0, ids);
+    PyTuple_SetItem(result, 1, size);
+    PyTuple_SetItem(result, 2, first);
+    ids = NULL;
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(ids);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&lens);
+    return result;
+}
+
 static PyObject *digest(PyObject *self, PyObject *unused) { return PyUnicode_FromString(FAST_DIGEST); }
 
 static PyMethodDef methods[] = {
@@ -739,6 +796,8 @@ static PyMethodDef methods[] = {
     {"adam", (PyCFunction)(void (*)(void))adam, METH_FASTCALL, "kernels.adam_rows in one call; False if it cannot."},
     {"merge_rows", (PyCFunction)(void (*)(void))merge_rows, METH_FASTCALL,
      "kernels.merge_rows of a round as bytearrays, or None."},
+    {"row_push", (PyCFunction)(void (*)(void))row_push, METH_FASTCALL,
+     "A row_sparse push's (local_ids, row_size, master key) if its frames are what a worker sends, else None."},
     {"parse_float32", parse_float32, METH_O, "optimizers._dmlc_parse(text, float32) of str(float)'s text, or None."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
     {NULL, NULL, 0, NULL},
