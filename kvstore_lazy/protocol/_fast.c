@@ -1,10 +1,12 @@
 /* The server's per-message fast path in C: a CPython extension module (kvstore_lazy.protocol._fast).
 
 Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
-groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based
-uniform values of new rows, and optimizer updates in one call (store/kernels.c's kernels, no ctypes set-up). Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
-store/rows.py's RowIndex, initializers.py) or returns None, and the Python caller then takes its general path,
-which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
+groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based uniform
+values of new rows, a row_sparse push's checks in one pass, optimizer updates and round merges in one call
+(store/kernels.c's own kernels, without ctypes' set-up) and optimizers.py's float parser. Each function either
+gives exactly what the Python reference gives (protocol/pbmeta.py, protocol/kv.py, store/rows.py's RowIndex,
+store/kernels.py, initializers.py, optimizers.py) or returns None (False), and the Python caller then takes its
+general path, which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
 Does not own: what a request means, which rows exist or how absent rows are made (server/keys.py).
 
 Built by setup.py beside store/_kernels.so with the limited API of CPython 3.11 (Py_LIMITED_API), so one build
@@ -572,50 +574,57 @@ no:
     return 0;
 }
 
-static int floats(PyObject *const *args, int n, float *out) {
-    for (int i = 0; i < n; i++) {
-        out[i] = (float)PyFloat_AsDouble(args[i]);
-        if (out[i] == -1.0f && PyErr_Occurred()) return 0;
+/* An update's arguments: `want` of them, the tables args[0..ntables), the gradient args[grad_at], the slots
+   args[slots_at], `nfloats` float32 scalars from args[first_float] on (into f). 1: the kernel (`ready`: its address
+   was handed over) can run (u's views held: end_update), 0: it cannot (return False), -1: an error is set. */
+static int begin_update(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, int ntables,
+                        int grad_at, int slots_at, int first_float, int nfloats, float *f, int ready, Update *u) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
+        return -1;
     }
-    return 1;
+    for (int i = 0; i < nfloats; i++) {
+        f[i] = (float)PyFloat_AsDouble(args[first_float + i]);
+        if (f[i] == -1.0f && PyErr_Occurred()) return -1;
+    }
+    return ready && update_arrays(args, ntables, args[grad_at], args[slots_at], u);
+}
+
+static PyObject *end_update(Update *u) {
+    release_update(u);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *sgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "sgd takes 7 arguments"); return NULL; }
     float f[4];
     Update u;
-    if (!floats(args + 3, 4, f)) return NULL;
-    if (sgd_rows_fn == NULL || !update_arrays(args, 1, args[2], args[1], &u)) Py_RETURN_FALSE;
+    int ok = begin_update("sgd", args, nargs, 7, 1, 2, 1, 3, 4, f, sgd_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
     sgd_rows_fn(u.views[0].buf, u.slots, u.n, u.views[1].buf, u.cols, f[0], f[1], f[2], f[3]);
-    release_update(&u);
-    Py_RETURN_TRUE;
+    return end_update(&u);
 }
 
 static PyObject *sgd_mom(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "sgd_mom takes 9 arguments"); return NULL; }
     float f[5];
     Update u;
-    if (!floats(args + 4, 5, f)) return NULL;
-    int has_mom = args[1] != Py_None;
-    if (sgd_mom_rows_fn == NULL || !update_arrays(args, has_mom ? 2 : 1, args[3], args[2], &u)) Py_RETURN_FALSE;
+    int has_mom = nargs > 1 && args[1] != Py_None;
+    int ok = begin_update("sgd_mom", args, nargs, 9, has_mom ? 2 : 1, 3, 2, 4, 5, f, sgd_mom_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
     sgd_mom_rows_fn(u.views[0].buf, has_mom ? u.views[1].buf : NULL, u.slots, u.n, u.views[has_mom ? 2 : 1].buf,
                     u.cols, f[0], f[1], f[2], f[3], f[4]);
-    release_update(&u);
-    Py_RETURN_TRUE;
+    return end_update(&u);
 }
 
 static PyObject *adam(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) { PyErr_SetString(PyExc_TypeError, "adam takes 13 arguments"); return NULL; }
     float f[7];
     Update u;
-    if (!floats(args + 5, 7, f)) return NULL;
-    int square_first = PyObject_IsTrue(args[12]);
+    int square_first = nargs == 13 ? PyObject_IsTrue(args[12]) : 0;
     if (square_first < 0) return NULL;
-    if (adam_rows_fn == NULL || !update_arrays(args, 3, args[4], args[3], &u)) Py_RETURN_FALSE;
+    int ok = begin_update("adam", args, nargs, 13, 3, 4, 3, 5, 7, f, adam_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
     adam_rows_fn(u.views[0].buf, u.views[1].buf, u.views[2].buf, u.slots, u.n, u.views[3].buf, u.cols, f[0], f[1],
                  f[2], f[3], f[4], f[5], f[6], square_first);
-    release_update(&u);
-    Py_RETURN_TRUE;
+    return end_update(&u);
 }
 
 /* merge_rows(ids_a, vals_a, ids_b, vals_b) -> (ids, vals) or None: kernels.merge_rows of a dist_sync round (kernels.c
@@ -649,10 +658,7 @@ static PyObject *merge_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
     int64_t n = merge_rows_fn(v[0].buf, v[1].buf, na, v[2].buf, v[3].buf, nb, cols,
                               (int64_t *)PyByteArray_AsString(ids), (float *)PyByteArray_AsString(vals));
     if (PyByteArray_Resize(ids, n * 8) < 0 || PyByteArray_Resize(vals, n * cols * 4) < 0) goto done;
-    result = PyTuple_New(2);
-    if (result == NULL) goto done;
-    PyTuple_SetItem(result, 0, ids);
-    PyTuple_SetItem(result, 1, vals);
+    result = Py_BuildValue("(NN)", ids, vals);   /* takes both references */
     ids = vals = NULL;
     goto done;
 fallback:
@@ -759,12 +765,7 @@ static PyObject *row_push(PyObject *self, PyObject *const *args, Py_ssize_t narg
         local[i - 1] = (int64_t)(key - master);
         previous = key;
     }
-    PyObject *size = PyLong_FromSsize_t(row_size), *first = PyLong_FromUnsignedLongLong(master);
-    if (size != NULL && first != NULL) result = PyTuple_New(3);
-    if (result == NULL) { Py_XDECREF(size); Py_XDECREF(first); goto done; }
-    PyTuple_SetItem(result, 0, ids);
-    PyTuple_SetItem(result, 1, size);
-    PyTuple_SetItem(result, 2, first);
+    result = Py_BuildValue("(NnK)", ids, row_size, (unsigned long long)master);   /* takes ids' reference */
     ids = NULL;
     goto done;
 fallback:
