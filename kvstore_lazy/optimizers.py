@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store import kernels
 
 __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
@@ -50,6 +51,12 @@ __all__ = ['load_optimizer', 'validate', 'Optimizer', 'UnsafePickleError', 'Unsu
 _f32 = np.float32
 _ONE = _f32(1)   # np.float32(1) + 1 would be float64 in numpy 1.23; keep literals float32
 _NO_CLIP = _f32(-1)
+# updates (and keys.py's round merges) in one compiled call: _fast.c calls store/kernels.c's own kernels, without
+# ctypes' per-call set-up
+native.set_update_kernels(*(kernels.address(name) for name in ('sgd_rows', 'sgd_mom_rows', 'adam_rows',
+                                                                 'merge_rows_f32')))
+_sgd, _sgd_mom, _adam = native.sgd, native.sgd_mom, native.adam
+_parse_float32 = native.parse_float32
 
 
 class UnsafePickleError(ValueError):
@@ -118,8 +125,11 @@ def _dmlc_parse(text: str, ftype: type) -> Any:
 
 
 def _op_f32(value: Any) -> np.float32:
-    """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...)."""
-    return _dmlc_parse(str(value), _f32)
+    """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...). The compiled parser
+    (_fast.c parse_float32, the same steps) takes str(float)'s text: Adam's lr is a new value every update."""
+    text = str(value)
+    parsed = _parse_float32(text)
+    return _dmlc_parse(text, _f32) if parsed is None else _f32(parsed)
 
 
 def _scalar_f32(value: Any) -> np.float32:
@@ -576,8 +586,18 @@ class SGD(Optimizer):
                     grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
-        self._kernel(self._scalars(key, True), weight, states, slots, grad, True)
+        scalars = self._scalars(key, True)
+        if not self._native(scalars, weight, states, slots, grad, True):
+            self._kernel(scalars, weight, states, slots, grad, True)
         return True
+
+    @staticmethod
+    def _native(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray | None,
+                grad: np.ndarray, row_sparse: bool) -> bool:
+        """:meth:`_kernel` in one compiled call (slots None: the whole array is one row); False if it cannot."""
+        if not states and row_sparse:
+            return _sgd(weight, slots, grad, *scalars[:4])
+        return _sgd_mom(weight, states[0] if states else None, slots, grad, *scalars)
 
     @staticmethod
     def _kernel(scalars: tuple, weight: np.ndarray, states: list[np.ndarray], slots: np.ndarray, grad: np.ndarray,
@@ -592,6 +612,8 @@ class SGD(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index, row_sparse)
+        if self._native(scalars, weight, states, None, grad, row_sparse):
+            return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
             self._kernel(scalars, *flat, row_sparse)
@@ -682,7 +704,9 @@ class Adam(Optimizer):
                     grad: np.ndarray) -> bool:
         if not kernels.accepts(weight, states, slots, grad):
             return False
-        self._kernel(self._scalars(key), weight, states, slots, grad, True)
+        scalars = self._scalars(key)
+        if not _adam(weight, *states, slots, grad, *scalars, scalars[6] >= 0):
+            self._kernel(scalars, weight, states, slots, grad, True)
         return True
 
     @staticmethod
@@ -696,6 +720,8 @@ class Adam(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index)
+        if len(states) == 2 and _adam(weight, *states, None, grad, *scalars, scalars[6] >= 0 and row_sparse):
+            return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:
             self._kernel(scalars, *flat, row_sparse)

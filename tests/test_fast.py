@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvstore_lazy.initializers as ki
+import kvstore_lazy.optimizers as opt
 from kvstore_lazy.protocol import fast
 from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store.rows import RowTable
@@ -139,3 +140,106 @@ def test_a_stale_build_is_refused(tmp_path, monkeypatch):
         fast.load()
     monkeypatch.undo()
     assert importlib.reload(fast).native.digest() == native.digest()
+
+
+# -- parse_float32: optimizers' dmlc::ParseFloat<float> (the Python steps are the reference)
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                 st.floats(1e-12, 10.0), st.floats(-1e-3, 1e-3), st.integers(-10 ** 20, 10 ** 20)))
+def test_parse_float32_is_the_python_parser_on_str_of_a_number(value):
+    text = str(value)
+    parsed = native.parse_float32(text)
+    with np.errstate(all="ignore"):   # values past float32's range overflow to inf in both
+        want = opt._dmlc_parse.__wrapped__(text, np.float32)
+    if parsed is None:   # only what it hands back: a long integer part
+        assert len(text.lstrip("+-").split(".")[0].split("e")[0]) > 15
+        return
+    assert np.float32(parsed).tobytes() == np.float32(want).tobytes(), text
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet="0123456789+-.eE", max_size=40) | st.text(max_size=12))
+def test_parse_float32_is_the_python_parser_or_hands_back(text):
+    parsed = native.parse_float32(text)
+    if parsed is None:
+        return
+    with np.errstate(all="ignore"):
+        want = opt._dmlc_parse.__wrapped__(text, np.float32)
+    assert np.float32(parsed).tobytes() == np.float32(want).tobytes(), text
+
+
+def test_parse_float32_hands_back_what_python_must_decide():
+    for text in (" 0.5", "0.5\n", "inf", "-nan", "NaN", "1" * 16 + ".0", "\u0661.5", "0.\u0665"):
+        assert native.parse_float32(text) is None, text
+    assert native.parse_float32("0.001") == float(np.float32(opt._dmlc_parse.__wrapped__("0.001", np.float32)))
+
+
+# -- the update kernels in one call: kernels.py's wrappers are the reference (the same compiled kernels)
+
+def _tables(k: int, rows: int = 6, cols: int = 5, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(k)]
+
+
+F = np.float32
+
+
+@pytest.mark.parametrize("clip", [F(-1), F(0.3)])
+def test_compiled_updates_are_the_kernels_wrappers(clip):
+    from kvstore_lazy.store import kernels
+    slots = np.array([4, 0, 2], np.int64)
+    grad = _tables(1, 3, 5, seed=1)[0]
+    ours, ref = _tables(3), _tables(3)
+    assert native.adam(*ours, slots, grad, F(0.1), F(0.01), F(0.9), F(0.999), F(1e-8), F(1), clip, True)
+    kernels.adam_rows(*ref, slots, grad, F(0.1), F(0.01), F(0.9), F(0.999), F(1e-8), F(1), clip, True)
+    assert [a.tobytes() for a in ours] == [a.tobytes() for a in ref]
+    ours, ref = _tables(2), _tables(2)
+    assert native.sgd_mom(*ours, slots, grad, F(0.1), F(0.01), F(1), clip, F(0.9))
+    kernels.sgd_mom_rows(*ref, slots, grad, F(0.1), F(0.01), F(1), clip, F(0.9), True)
+    assert [a.tobytes() for a in ours] == [a.tobytes() for a in ref]
+    ours, ref = _tables(1), _tables(1)
+    assert native.sgd(ours[0], slots, grad, F(0.1), F(0.01), F(1), clip)
+    kernels.sgd_rows(ref[0], slots, grad, F(0.1), F(0.01), F(1), clip)
+    assert ours[0].tobytes() == ref[0].tobytes()
+    # slots None: a dense array is one row
+    dense, flat = _tables(1, 2, 3)[0], _tables(1, 1, 6)[0]
+    g = _tables(1, 2, 3, seed=2)[0]
+    assert native.sgd_mom(dense, None, None, g, F(0.1), F(0.01), F(1), clip, F(0))
+    kernels.sgd_mom_rows(flat, flat, np.zeros(1, np.int64), g.reshape(1, 6), F(0.1), F(0.01), F(1), clip, F(0),
+                         False)
+    assert dense.tobytes() == flat.tobytes()
+
+
+def test_compiled_updates_decline_what_the_kernels_cannot_take():
+    grad = _tables(1, 2, 5, seed=1)[0]
+    slots = np.array([1, 3], np.int64)
+    args = (F(0.1), F(0.01), F(1), F(-1), F(0.9))
+    w, m = _tables(2)
+    before = w.tobytes(), m.tobytes()
+    read_only = w.copy()
+    read_only.flags.writeable = False
+    for bad in [(w.astype(np.float64), m, slots, grad), (w, m[:, :4], slots, grad), (w, m, slots, grad[:1]),
+                (w, m, np.array([1, 6], np.int64), grad), (w, m, np.array([-1, 3], np.int64), grad),
+                (w, m, slots.astype(np.int32), grad), (w, m, slots, _tables(1, 2, 10)[0][:, ::2]),
+                (read_only, m, slots, grad), (w, m, None, grad), (w[:, ::2], m[:, ::2], slots, grad[:, ::2])]:
+        assert native.sgd_mom(*bad, *args) is False
+        assert (w.tobytes(), m.tobytes()) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=30), st.sets(st.integers(0, 60), max_size=30), st.integers(1, 5))
+def test_compiled_merge_is_kernels_merge_rows(a, b, cols):
+    import kvstore_lazy.optimizers  # noqa: F401  (hands the kernels' addresses over)
+    from kvstore_lazy.store import kernels
+    ids_a, ids_b = np.array(sorted(a), np.int64), np.array(sorted(b), np.int64)
+    rng = np.random.default_rng(len(a) * 100 + len(b))
+    vals_a = rng.standard_normal((len(ids_a), cols)).astype(np.float32)
+    vals_b = rng.standard_normal((len(ids_b), cols)).astype(np.float32)
+    got = native.merge_rows(ids_a, vals_a, ids_b, vals_b)
+    want = kernels.merge_rows(ids_a, vals_a, ids_b, vals_b)
+    assert got is not None
+    assert (bytes(got[0]), bytes(got[1])) == (want[0].tobytes(), want[1].tobytes())
+    assert native.merge_rows(ids_a, vals_a.astype(np.float16), ids_b, vals_b) is None   # kernels.py decides
+    assert native.merge_rows(ids_a.astype(np.int32), vals_a, ids_b, vals_b) is None
+    assert native.merge_rows(ids_a, vals_a, ids_b, vals_b[:, :cols - 1]) is None

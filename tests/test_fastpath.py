@@ -39,11 +39,12 @@ class Pair:
         self.reference = KVServer(rank, num_servers, 2, **kwargs)
         self.reference.fast = GeneralPathOnly(self.reference)
 
-    def send(self, msg: Message, *, fast: bool | None = None, partial: bool = False) -> list[tuple[int, list]]:
+    def send(self, msg: Message, *, fast: bool | None = None, partial: bool = False,
+             pushed: bool | None = None) -> list[tuple[int, list]]:
         """Replies (recipient, frames), the same from both servers; `fast`: whether the fast path must answer,
-        `partial`: with rows that keys.py made."""
+        `partial`: with rows that keys.py made, `pushed`: whether the fast path must take the (dense) push."""
         frames = [identity_of(msg.sender)] + msg.to_frames()
-        before, before_partial = self.fast.fast.answered, self.fast.fast.partial
+        before, before_partial, pushes = self.fast.fast.answered, self.fast.fast.partial, self.fast.fast.pushes
         out = [[(node, reply.to_frames()) for node, reply in server.handle(Message.from_frames(frames))]
                for server in (self.fast, self.reference)]
         assert out[0] == out[1]
@@ -51,6 +52,8 @@ class Pair:
         if fast is not None:
             assert self.fast.fast.answered - before == int(fast)
             assert self.fast.fast.partial - before_partial == int(partial)
+        if pushed is not None:
+            assert self.fast.fast.pushes - pushes == int(pushed)
         return out[0]
 
     def check_same_state(self) -> None:
@@ -223,3 +226,62 @@ def test_an_error_making_missing_rows_is_answered_as_the_general_path_answers_it
     msg = w0.rsp_pull(7, [1, 5])
     (node, reply), = pair.fast.handle(Message.from_frames([identity_of(WORKER0)] + msg.to_frames()))
     assert node == WORKER0 and len(reply.data[1]) == 2 * 4 * 4 and pair.fast.bad_requests == before + 1
+
+
+@pytest.mark.parametrize("name, kwargs", [("sgd", {"momentum": 0.9}), ("sgd", {}), ("sgd", {"wd": 0.01}),
+                                          ("adam", {}), ("adam", {"clip_gradient": 0.5, "wd": 0.01})])
+def test_dense_pushes_take_the_fast_path_with_the_same_replies_and_state(name, kwargs):
+    """Sync rounds of two and three pushes (the merge buffer), the pulls between them, then async: the same reply
+    bytes and the same values, optimizer states and pending round after every request."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer(name, **kwargs)))
+    pair.send(w0.push(3, np.arange(6, dtype=np.float32)), pushed=False)    # the init: the general path
+    pair.send(w0.push(4, np.arange(4, dtype=np.float64), F64), pushed=False)
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        for w in (w0, w1):
+            pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
+            pair.check_same_state()
+            pair.send(w.push(4, rng.standard_normal(4), F64), pushed=True)   # float64 keys too
+        pair.send(w1.pull(3), fast=True)
+        pair.check_same_state()
+    pair.fast.num_workers = pair.reference.num_workers = 3   # a round of three: the merge sums in place
+    for w in (w0, w1, w0):
+        pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
+    pair.fast.sync_mode = pair.reference.sync_mode = False   # async: every push updates at once
+    for w in (w0, w1):
+        pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
+        pair.check_same_state()
+
+
+def test_dense_pushes_the_fast_path_leaves_to_the_general_path():
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer()))
+    pair.send(w0.push(3, np.arange(6, dtype=np.float32)))
+    f32 = proto.command_code(proto.DEFAULT, 0)
+    general = [
+        w0.push(3, np.ones(5, np.float32)),                   # wrong size: refused
+        w0.push(3, np.ones(6), F64),                          # another dtype than the key's: refused
+        w0.push(3, np.ones(6, np.float32), pull=True),        # pushpull
+        w0.push(5, np.ones(6, np.float32)),                   # a new key: the init
+        w0.kv(f32, [3], np.ones(6, np.float32).tobytes(), [20], push=True),      # lens do not match the values
+        w0.kv(f32, [3, 3], np.ones(6, np.float32).tobytes(), [24, 0], push=True),   # two keys: refused
+        w0.kv(f32, [3], np.ones(6, np.float32).tobytes()[:23], [23], push=True),   # not whole values
+        w0.frames(f32, [np.array([3], np.uint64).tobytes(), np.ones(6, np.float32).tobytes()], push=True),  # no lens
+    ]
+    for msg in general:
+        pair.send(msg, pushed=False)
+        pair.check_same_state()
+    assert pair.fast.bad_requests == 6
+    assert pair.fast.poisoned                 # the refused pushes poisoned w0's next pull of key 3...
+    pair.send(w1.push(3, np.ones(6, np.float32)), pushed=False)   # ...and while a poison waits: the general path
+    pair.send(w0.pull(3), fast=False)         # refused, which spends it
+    assert not pair.fast.poisoned
+    pair.send(w0.push(3, np.ones(6, np.float32)), pushed=True)    # the round's second push
+    pair.check_same_state()
+    async_pair = Pair()                                           # async with no optimizer: refused
+    async_pair.send(w0.push(3, np.arange(6, dtype=np.float32)))
+    async_pair.send(w0.push(3, np.ones(6, np.float32)), pushed=False)
+    async_pair.check_same_state()

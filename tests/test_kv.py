@@ -9,6 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fakepeer import Requests
+from kvstore_lazy.protocol import kv
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.kv import MAX_ROW_ID, BadRequest, KeyRange, parse, reply, rows_reply, value_reply
 from kvstore_lazy.protocol.message import KVPairs, Message, identity_of
@@ -107,3 +108,40 @@ def test_pull_replies_are_the_kvpairs_layout(rows, row_size, timestamp, dense):
     assert got[0] == want[0] == msg.sender
     assert [bytes(f) for f in got[1].to_frames()] == [bytes(f) for f in want[1].to_frames()]
     assert got[1].meta == want[1].meta
+
+
+
+def _outcome(msg: Message):
+    try:
+        request = parse(through_codec(msg), KEYS)
+    except BadRequest as exc:
+        return ("refused", exc.key, exc.reason)
+    return (request.key, request.dtype, request.request_type, request.keys.tobytes(), request.local_ids.tobytes(),
+            request.local_ids.dtype, request.local_ids.flags.writeable, request.values.shape,
+            request.values.dtype, request.values.tobytes())
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(row_key, max_size=6), st.lists(st.integers(-2, 40), max_size=8), st.integers(0, 80),
+       st.sampled_from([0, 1, 2, 6]))
+@example([6, 7], [0, 8, 8], 16, 0)
+@example([6, 7], [0, 2, 2], 16, 0)
+@example([6, 7], [0, 4, 4], 8, 2)
+def test_a_row_sparse_push_parses_the_same_through_the_compiled_check(row_keys, lens, nvals, flag):
+    """kv.parse takes a push a worker sends through _fast.c row_push; every push, well-formed or not, must give the
+    same request or the same refusal as the checks of decode_kv/_row_sparse/_rows alone."""
+    msg = Requests().kv(mx.command_code(mx.ROW_SPARSE, flag), [MASTER] + row_keys,
+                        bytes(range(nvals)), lens, push=True)
+    fast = _outcome(msg)
+    saved = kv._row_push
+    kv._row_push = lambda *args: None
+    try:
+        assert _outcome(msg) == fast
+    finally:
+        kv._row_push = saved
+
+
+def test_the_compiled_check_takes_what_a_worker_sends():
+    msg = through_codec(Requests().rsp_push(MASTER, [1, 4], np.ones((2, 3), np.float32)))
+    got = kv._row_push(msg.data[0], msg.data[2], len(msg.data[1]), 4)
+    assert got is not None and np.frombuffer(got[0], np.int64).tolist() == [1, 4] and got[1:] == (3, MASTER)

@@ -1,8 +1,8 @@
 """The dependency direction of the package, read from the source (every import, at any depth of the file).
 
 protocol and store import nothing of the project; initializers, optimizers and compression only the store's
-kernels (initializers also the compiled fast path, kvstore_lazy.protocol.fast); checkpoint only ndfile (MXNet's
-NDArray files, numpy only) and initializers (to rebuild absent rows);
+kernels (initializers and optimizers also the compiled fast path, kvstore_lazy.protocol.fast); checkpoint only
+ndfile (MXNet's NDArray files, numpy only) and initializers (to rebuild absent rows);
 server imports protocol/store/initializers/optimizers/compression but no zmq, no transport or membership;
 only the runtime wires transport, membership and server together; only worker and integration import mxnet.
 """
@@ -22,7 +22,7 @@ ALLOWED = {
     # and the compiled fast path's loader (a leaf: _fast.c imports nothing), for its uniform values
     "kvstore_lazy.initializers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},
     "kvstore_lazy.compression": set(),
-    "kvstore_lazy.optimizers": {"kvstore_lazy.store"},
+    "kvstore_lazy.optimizers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},   # small dense updates
     "kvstore_lazy.server": {"kvstore_lazy.server", "kvstore_lazy.protocol", "kvstore_lazy.store",
                             "kvstore_lazy.initializers", "kvstore_lazy.optimizers", "kvstore_lazy.compression",
                             "kvstore_lazy.cli"},   # server/__main__.py runs the command line

@@ -1,10 +1,12 @@
 /* The server's per-message fast path in C: a CPython extension module (kvstore_lazy.protocol._fast).
 
 Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
-groups), gathering a row_sparse pull's rows straight from a row table into its reply, and the counter-based
-uniform values of new rows. Each function either gives exactly what the Python reference gives (protocol/pbmeta.py,
-store/rows.py's RowIndex, initializers.py) or returns None, and the Python caller then takes its general path,
-which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
+groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based uniform
+values of new rows, a row_sparse push's checks in one pass, optimizer updates and round merges in one call
+(store/kernels.c's own kernels, without ctypes' set-up) and optimizers.py's float parser. Each function either
+gives exactly what the Python reference gives (protocol/pbmeta.py, protocol/kv.py, store/rows.py's RowIndex,
+store/kernels.py, initializers.py, optimizers.py) or returns None (False), and the Python caller then takes its
+general path, which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
 Does not own: what a request means, which rows exist or how absent rows are made (server/keys.py).
 
 Built by setup.py beside store/_kernels.so with the limited API of CPython 3.11 (Py_LIMITED_API), so one build
@@ -476,6 +478,306 @@ static PyObject *row_lens(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyBool_FromLong(ok);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+   Optimizer updates in one call, no numpy or ctypes set-up: the update kernels of store/kernels.c themselves
+   (sgd_rows, sgd_mom_rows, adam_rows), reached through the addresses optimizers.py hands over once
+   (set_update_kernels, from store/kernels.py's loaded library), so the arithmetic is that one compiled code and its
+   results are the same bits. `slots` None: a dense array, one row of all its elements (slot 0), the tables and the
+   gradient of one shape; else the row tables' rows `slots` (int64, each in [0, rows)) get the gradient's rows (2-D
+   tables of one shape, a (len(slots), cols) gradient), as kernels.py's wrappers and kernels.accepts take them.
+
+   set_update_kernels(sgd_rows, sgd_mom_rows, adam_rows, merge_rows_f32): the functions' addresses (ints).
+   sgd(weight, slots, grad, lr, wd, rescale, clip) -> bool: kernels.sgd_rows.
+   sgd_mom(weight, mom, slots, grad, lr, wd, rescale, clip, momentum) -> bool: kernels.sgd_mom_rows (mom None: no
+   momentum state, multi_sgd_update).
+   adam(weight, mean, var, slots, grad, lr, wd, beta1, beta2, eps, rescale, clip, square_first) -> bool.
+   Each returns False, touching nothing, unless every array is a C-contiguous float32 buffer (int64 slots) of the
+   shapes above, the tables writable, or no kernels were handed over: the caller then takes its own path. */
+
+typedef void (*SgdRows)(float *, const int64_t *, int64_t, const float *, int64_t, float, float, float, float);
+typedef void (*SgdMomRows)(float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float, float,
+                           float, float);
+typedef void (*AdamRows)(float *, float *, float *, const int64_t *, int64_t, const float *, int64_t, float, float,
+                         float, float, float, float, float, int);
+typedef int64_t (*MergeRows)(const int64_t *, const float *, int64_t, const int64_t *, const float *, int64_t, int64_t,
+                             int64_t *, float *);
+static SgdRows sgd_rows_fn;
+static SgdMomRows sgd_mom_rows_fn;
+static AdamRows adam_rows_fn;
+static MergeRows merge_rows_fn;
+
+static PyObject *set_update_kernels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "set_update_kernels takes 4 arguments"); return NULL; }
+    void *sgd = PyLong_AsVoidPtr(args[0]), *sgd_mom = PyLong_AsVoidPtr(args[1]), *adam = PyLong_AsVoidPtr(args[2]);
+    void *merge = PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    sgd_rows_fn = (SgdRows)sgd;
+    sgd_mom_rows_fn = (SgdMomRows)sgd_mom;
+    adam_rows_fn = (AdamRows)adam;
+    merge_rows_fn = (MergeRows)merge;
+    Py_RETURN_NONE;
+}
+
+/* The buffers of an update: `ntables` tables (writable), then the gradient, then the slots (or None). */
+typedef struct {
+    Py_buffer views[5];
+    int held;
+    int64_t n, cols;
+    const int64_t *slots;
+} Update;
+
+static const int64_t ROW0[1] = {0};
+
+static void release_update(Update *u) {
+    for (int i = 0; i < u->held; i++) PyBuffer_Release(&u->views[i]);
+    u->held = 0;
+}
+
+static int same_shape(const Py_buffer *a, const Py_buffer *b) {
+    if (a->ndim != b->ndim || a->len != b->len) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+/* 1: the arrays are what the kernels take (views held: release_update); 0: they are not (nothing held). */
+static int update_arrays(PyObject *const *tables, int ntables, PyObject *grad, PyObject *slots, Update *u) {
+    u->held = 0;
+    for (int i = 0; i <= ntables; i++) {
+        PyObject *array = i < ntables ? tables[i] : grad;
+        int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (i < ntables ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(array, &u->views[i], flags) < 0) { PyErr_Clear(); goto no; }
+        u->held++;
+        const char *format = u->views[i].format;
+        if (u->views[i].itemsize != 4 || format == NULL || strcmp(format, "f") != 0) goto no;
+        if (i && i < ntables && !same_shape(&u->views[i], &u->views[0])) goto no;
+    }
+    Py_buffer *table = &u->views[0], *g = &u->views[ntables];
+    if (slots == Py_None) {
+        if (!same_shape(g, table)) goto no;
+        u->n = 1, u->cols = table->len / 4, u->slots = ROW0;
+        return 1;
+    }
+    Py_buffer *sv = &u->views[ntables + 1];
+    if (PyObject_GetBuffer(slots, sv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) { PyErr_Clear(); goto no; }
+    u->held++;
+    const char *format = sv->format;
+    if (sv->itemsize != 8 || sv->ndim != 1 || format == NULL || (strcmp(format, "l") && strcmp(format, "q"))
+            || table->ndim != 2 || g->ndim != 2 || g->shape[0] != sv->shape[0] || g->shape[1] != table->shape[1])
+        goto no;
+    u->n = sv->shape[0], u->cols = table->shape[1], u->slots = sv->buf;
+    for (int64_t i = 0; i < u->n; i++)
+        if (u->slots[i] < 0 || u->slots[i] >= table->shape[0]) goto no;
+    return 1;
+no:
+    release_update(u);
+    return 0;
+}
+
+/* An update's arguments: `want` of them, the tables args[0..ntables), the gradient args[grad_at], the slots
+   args[slots_at], `nfloats` float32 scalars from args[first_float] on (into f). 1: the kernel (`ready`: its address
+   was handed over) can run (u's views held: end_update), 0: it cannot (return False), -1: an error is set. */
+static int begin_update(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, int ntables,
+                        int grad_at, int slots_at, int first_float, int nfloats, float *f, int ready, Update *u) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
+        return -1;
+    }
+    for (int i = 0; i < nfloats; i++) {
+        f[i] = (float)PyFloat_AsDouble(args[first_float + i]);
+        if (f[i] == -1.0f && PyErr_Occurred()) return -1;
+    }
+    return ready && update_arrays(args, ntables, args[grad_at], args[slots_at], u);
+}
+
+static PyObject *end_update(Update *u) {
+    release_update(u);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *sgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    float f[4];
+    Update u;
+    int ok = begin_update("sgd", args, nargs, 7, 1, 2, 1, 3, 4, f, sgd_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    sgd_rows_fn(u.views[0].buf, u.slots, u.n, u.views[1].buf, u.cols, f[0], f[1], f[2], f[3]);
+    return end_update(&u);
+}
+
+static PyObject *sgd_mom(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    float f[5];
+    Update u;
+    int has_mom = nargs > 1 && args[1] != Py_None;
+    int ok = begin_update("sgd_mom", args, nargs, 9, has_mom ? 2 : 1, 3, 2, 4, 5, f, sgd_mom_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    sgd_mom_rows_fn(u.views[0].buf, has_mom ? u.views[1].buf : NULL, u.slots, u.n, u.views[has_mom ? 2 : 1].buf,
+                    u.cols, f[0], f[1], f[2], f[3], f[4]);
+    return end_update(&u);
+}
+
+static PyObject *adam(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    float f[7];
+    Update u;
+    int square_first = nargs == 13 ? PyObject_IsTrue(args[12]) : 0;
+    if (square_first < 0) return NULL;
+    int ok = begin_update("adam", args, nargs, 13, 3, 4, 3, 5, 7, f, adam_rows_fn != NULL, &u);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    adam_rows_fn(u.views[0].buf, u.views[1].buf, u.views[2].buf, u.slots, u.n, u.views[3].buf, u.cols, f[0], f[1],
+                 f[2], f[3], f[4], f[5], f[6], square_first);
+    return end_update(&u);
+}
+
+/* merge_rows(ids_a, vals_a, ids_b, vals_b) -> (ids, vals) or None: kernels.merge_rows of a dist_sync round (kernels.c
+   merge_rows_f32: the union of two sorted unique int64 id lists, rows in both summed a + b) as bytearrays of the
+   int64 ids and the float32 rows; None unless the ids are 1-D int64 and the rows C-contiguous float32 (len(ids),
+   cols) of one cols (kernels.merge_rows decides). */
+static PyObject *merge_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "merge_rows takes 4 arguments"); return NULL; }
+    if (merge_rows_fn == NULL) Py_RETURN_NONE;
+    Py_buffer v[4];
+    int held = 0;
+    PyObject *ids = NULL, *vals = NULL, *result = NULL;
+    for (; held < 4; held++) {
+        if (PyObject_GetBuffer(args[held], &v[held], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            goto fallback;
+        }
+        const char *format = v[held].format;
+        int is_ids = held % 2 == 0;
+        if (format == NULL || v[held].itemsize != (is_ids ? 8 : 4) || v[held].ndim != (is_ids ? 1 : 2)
+                || (is_ids ? strcmp(format, "l") && strcmp(format, "q") : strcmp(format, "f") != 0)) {
+            held++;
+            goto fallback;
+        }
+    }
+    int64_t na = v[0].shape[0], nb = v[2].shape[0], cols = v[1].shape[1];
+    if (v[1].shape[0] != na || v[3].shape[0] != nb || v[3].shape[1] != cols) goto fallback;
+    ids = PyByteArray_FromStringAndSize(NULL, (na + nb) * 8);
+    vals = PyByteArray_FromStringAndSize(NULL, (na + nb) * cols * 4);
+    if (ids == NULL || vals == NULL) goto done;
+    int64_t n = merge_rows_fn(v[0].buf, v[1].buf, na, v[2].buf, v[3].buf, nb, cols,
+                              (int64_t *)PyByteArray_AsString(ids), (float *)PyByteArray_AsString(vals));
+    if (PyByteArray_Resize(ids, n * 8) < 0 || PyByteArray_Resize(vals, n * cols * 4) < 0) goto done;
+    result = Py_BuildValue("(NN)", ids, vals);   /* takes both references */
+    ids = vals = NULL;
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(vals);
+    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   parse_float32(text) -> float or None: optimizers._dmlc_parse(text, np.float32) (dmlc::ParseFloat<float>, step by
+   step: not correctly rounded), for the ASCII text str(float) gives, which is what a changing hyper-parameter (Adam's
+   bias-corrected lr, every update) is parsed from; None for anything else (whitespace, non-ASCII, inf/nan, an
+   integer part of more than 15 digits): the Python parser decides. The float32 operations are the ones numpy does
+   there, in the same order; the fraction's digits (at most 19, as uint64) become a double, divided by 10**digits
+   (exact) in double, as Python's int / float does. */
+
+static const double POW10[20] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14,
+                                 1e15, 1e16, 1e17, 1e18, 1e19};
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static PyObject *parse_float32(PyObject *self, PyObject *arg) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (s == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if ((unsigned char)s[k] <= 0x20 || (unsigned char)s[k] >= 0x80) Py_RETURN_NONE;
+    Py_ssize_t i = 0, j;
+    int neg = 0;
+    if (i < n && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+    if (i < n && (s[i] == 'i' || s[i] == 'I' || s[i] == 'n' || s[i] == 'N')) Py_RETURN_NONE;
+    uint64_t whole = 0;
+    for (j = i; j < n && is_digit(s[j]); j++) {
+        if (j - i == 15) Py_RETURN_NONE;
+        whole = whole * 10 + (uint64_t)(s[j] - '0');
+    }
+    float value = (float)(double)whole;
+    i = j;
+    if (i < n && s[i] == '.') {
+        i++;
+        uint64_t digits = 0;
+        int count = 0;
+        for (j = i; j < n && is_digit(s[j]); j++)
+            if (count < 19) digits = digits * 10 + (uint64_t)(s[j] - '0'), count++;
+        if (count) value = value + (float)((double)digits / POW10[count]);
+        i = j;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        int frac = i < n && s[i] == '-';
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        int expon = 0;
+        for (j = i; j < n && is_digit(s[j]); j++)
+            if (expon < 38) expon = expon * 10 + (s[j] - '0');
+        if (expon > 38) expon = 38;
+        float scale = 1.0f;
+        while (expon >= 8) scale = scale * 1e8f, expon -= 8;
+        while (expon > 0) scale = scale * 10.0f, expon--;
+        value = frac ? value / scale : value * scale;
+    }
+    return PyFloat_FromDouble((double)(neg ? -value : value));
+}
+
+/* row_push(keys, lens, vals_len, itemsize) -> (local_ids, row_size, master) or None: a row_sparse push's frames as a
+   worker sends them, checked in one pass: what protocol/kv.py's decode_kv, _row_sparse and _rows check, for a push of
+   at least one row (uint64 keys, the row keys strictly increasing from the master key on and at most 2**63 - 1 past
+   it; one int32 len per key, 0 for the master key, then each row's bytes or elements; vals_len bytes a whole number
+   of rows of whole values). local_ids (a bytearray of int64) are the row keys less the master key. None for
+   anything else: kv.py's checks decide and name what is wrong. */
+static PyObject *row_push(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "row_push takes 4 arguments"); return NULL; }
+    Py_ssize_t vals_len = PyLong_AsSsize_t(args[2]), itemsize = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer keys, lens;
+    if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &lens, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&keys); return NULL; }
+    PyObject *ids = NULL, *result = NULL;
+    Py_ssize_t nkeys = keys.len / 8, nrows = nkeys - 1;
+    if (keys.len % 8 || nkeys < 2 || lens.len != nkeys * 4 || itemsize <= 0 || vals_len % nrows) goto fallback;
+    Py_ssize_t row_bytes = vals_len / nrows, row_size = row_bytes / itemsize;
+    if (row_bytes == 0 || row_bytes % itemsize || row_bytes > INT32_MAX) goto fallback;
+    const unsigned char *kb = keys.buf, *lb = lens.buf;
+    int32_t len;
+    memcpy(&len, lb, 4);
+    if (len != 0) goto fallback;
+    for (Py_ssize_t i = 1; i < nkeys; i++) {
+        memcpy(&len, lb + 4 * i, 4);
+        if (len != row_bytes && len != row_size) goto fallback;
+    }
+    uint64_t master, previous, key;
+    memcpy(&master, kb, 8);
+    ids = PyByteArray_FromStringAndSize(NULL, nrows * 8);
+    if (ids == NULL) goto done;
+    int64_t *local = (int64_t *)PyByteArray_AsString(ids);
+    previous = master;
+    for (Py_ssize_t i = 1; i < nkeys; i++) {
+        memcpy(&key, kb + 8 * i, 8);
+        if (i == 1 ? key < master : key <= previous) goto fallback;
+        if (key - master > (uint64_t)INT64_MAX) goto fallback;
+        local[i - 1] = (int64_t)(key - master);
+        previous = key;
+    }
+    result = Py_BuildValue("(NnK)", ids, row_size, (unsigned long long)master);   /* takes ids' reference */
+    ids = NULL;
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(ids);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&lens);
+    return result;
+}
+
 static PyObject *digest(PyObject *self, PyObject *unused) { return PyUnicode_FromString(FAST_DIGEST); }
 
 static PyMethodDef methods[] = {
@@ -487,6 +789,17 @@ static PyMethodDef methods[] = {
      "Counter-based uniform initial values of rows."},
     {"sorted_rows", sorted_rows, METH_O, "Whether a keys frame's row keys are what a worker sends."},
     {"row_lens", (PyCFunction)(void (*)(void))row_lens, METH_FASTCALL, "Whether a lens frame is what a worker sends."},
+    {"set_update_kernels", (PyCFunction)(void (*)(void))set_update_kernels, METH_FASTCALL,
+     "The addresses of store/kernels.c's sgd_rows, sgd_mom_rows and adam_rows."},
+    {"sgd", (PyCFunction)(void (*)(void))sgd, METH_FASTCALL, "kernels.sgd_rows in one call; False if it cannot."},
+    {"sgd_mom", (PyCFunction)(void (*)(void))sgd_mom, METH_FASTCALL,
+     "kernels.sgd_mom_rows in one call; False if it cannot."},
+    {"adam", (PyCFunction)(void (*)(void))adam, METH_FASTCALL, "kernels.adam_rows in one call; False if it cannot."},
+    {"merge_rows", (PyCFunction)(void (*)(void))merge_rows, METH_FASTCALL,
+     "kernels.merge_rows of a round as bytearrays, or None."},
+    {"row_push", (PyCFunction)(void (*)(void))row_push, METH_FASTCALL,
+     "A row_sparse push's (local_ids, row_size, master key) if its frames are what a worker sends, else None."},
+    {"parse_float32", parse_float32, METH_O, "optimizers._dmlc_parse(text, float32) of str(float)'s text, or None."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the _fast.c this module was built from."},
     {NULL, NULL, 0, NULL},
 };

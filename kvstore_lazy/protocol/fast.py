@@ -3,8 +3,9 @@
 Owns: finding ``_fast.so`` and refusing one built from another ``_fast.c`` (the module returns the SHA-256 of its
 source, compared with the file beside it when that is there, as ``store/kernels.py`` does for the kernels).
 Does not own: what the functions compute; each is documented in ``_fast.c`` beside the Python code it must agree
-with (``pbmeta``'s reference codec, ``store.rows``' RowIndex, ``initializers``), and returns None for whatever it
-does not take, so the Python paths stay the definition.
+with (``pbmeta``'s reference codec, ``kv``'s checks, ``store.rows``' RowIndex, ``store.kernels``' wrappers,
+``initializers``, ``optimizers``' float parser), and returns None (False) for whatever it does not take, so the
+Python paths stay the definition.
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta, no_control
 
 MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
 _new = object.__new__
-_sorted_rows, _row_lens = native.sorted_rows, native.row_lens
+_sorted_rows, _row_lens, _row_push = native.sorted_rows, native.row_lens, native.row_push
+_U64 = np.dtype("<u8")
 
 
 class BadRequest(Exception):
@@ -90,12 +91,25 @@ class KeyRange:
 # Every valid data head, decoded once (3 request types x 7 dtypes): parse looks a head up instead of decoding it;
 # a head not in it goes through mx.decode_command, which says what is wrong with it.
 _COMMANDS = {mx.command_code(t, f): mx.DataCommand(t, f) for t in mx.REQUEST_NAMES for f in mx.MSHADOW_DTYPES}
+_ROW_COMMANDS = {code: command for code, command in _COMMANDS.items() if command.request_type == mx.ROW_SPARSE}
 _NO_ROWS = np.zeros(0, np.int64)
 _NO_ROWS.flags.writeable = False   # shared by every request without rows
 
 
 def parse(msg: Message, keys: KeyRange) -> DataRequest:
     """The one typed request a data message is, or BadRequest (naming the key when it can)."""
+    command = _ROW_COMMANDS.get(msg.meta.head)
+    data = msg.data
+    if command is not None and msg.meta.push and len(data) == 3:
+        # a row_sparse push as a worker sends it: every check of decode_kv, _row_sparse and _rows in one compiled
+        # pass (_fast.c row_push), else those checks decide
+        got = _row_push(data[0], data[2], len(data[1]), command.dtype.itemsize)
+        if got is not None:
+            ids, row_size, master = got
+            local_ids = np.frombuffer(ids, np.int64)
+            values = np.frombuffer(data[1], command.dtype).reshape(len(local_ids), row_size)
+            return _request(msg, command, np.frombuffer(bytes(data[0]), _U64), keys.decode(master), local_ids,
+                            values)
     try:
         kv = decode_kv(msg.data)
         command = _COMMANDS.get(msg.meta.head) or mx.decode_command(msg.meta.head)
@@ -104,13 +118,13 @@ def parse(msg: Message, keys: KeyRange) -> DataRequest:
     return _PARSERS[command.request_type](msg, command, kv, keys)
 
 
-def _request(msg: Message, command: mx.DataCommand, kv: KVPairs, key: int, local_ids: np.ndarray = _NO_ROWS,
+def _request(msg: Message, command: mx.DataCommand, kv_keys: np.ndarray, key: int, local_ids: np.ndarray = _NO_ROWS,
              values: np.ndarray | None = None, original_size: int = 0) -> DataRequest:
     # DataRequest(...) without the frozen dataclass's __init__ (an object.__setattr__ per field, a few microseconds
     # on every request): the same fields, set once, still frozen to everyone after
     request = _new(DataRequest)
     request.__dict__.update(sender=msg.sender, meta=msg.meta, request_type=command.request_type,
-                            dtype=mx.MSHADOW_DTYPES[command.dtype_flag], key=key, keys=kv.keys, local_ids=local_ids,
+                            dtype=mx.MSHADOW_DTYPES[command.dtype_flag], key=key, keys=kv_keys, local_ids=local_ids,
                             values=values, original_size=original_size)
     return request
 
@@ -120,12 +134,12 @@ def _default(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange)
         raise BadRequest(None, f"a default request carries exactly one key, got {len(kv.keys)}")
     key = keys.decode(int(kv.keys[0]))
     if not msg.meta.push:
-        return _request(msg, command, kv, key)
+        return _request(msg, command, kv.keys, key)
     if len(kv.lens) != 1 or len(kv.vals) != int(kv.lens[0]):
         raise BadRequest(key, f"push of {len(kv.vals)} value bytes with lens {kv.lens.tolist()}")
     if len(kv.vals) % command.dtype.itemsize:
         raise BadRequest(key, f"{len(kv.vals)} bytes is not a whole number of {command.dtype.name}")
-    return _request(msg, command, kv, key, values=np.frombuffer(kv.vals, dtype=command.dtype))
+    return _request(msg, command, kv.keys, key, values=np.frombuffer(kv.vals, dtype=command.dtype))
 
 
 def _compressed(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
@@ -134,13 +148,14 @@ def _compressed(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
     if not msg.meta.push:
         if len(kv.keys) != 1:
             raise BadRequest(None, f"a compressed pull carries one key, got {len(kv.keys)}")
-        return _request(msg, command, kv, keys.decode(int(kv.keys[0])))
+        return _request(msg, command, kv.keys, keys.decode(int(kv.keys[0])))
     if len(kv.keys) != 2 or len(kv.lens) != 2 or len(kv.vals) != int(kv.lens[1]):
         raise BadRequest(None, f"a compressed push carries 2 keys and 2 lens matching the values, got "
                                f"keys {len(kv.keys)} lens {kv.lens.tolist()} vals {len(kv.vals)} bytes")
     original_size = keys.decode(int(kv.keys[0]))
     key = keys.decode(int(kv.keys[1]))
-    return _request(msg, command, kv, key, values=np.frombuffer(kv.vals, np.uint8), original_size=original_size)
+    return _request(msg, command, kv.keys, key, values=np.frombuffer(kv.vals, np.uint8),
+                    original_size=original_size)
 
 
 def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
@@ -165,7 +180,7 @@ def _row_sparse(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRan
             bad = int(np.argmax(local_ids[1:] <= local_ids[:-1])) + 1
             raise BadRequest(key, f"row ids are not sorted and unique (row {int(local_ids[bad])} at position {bad})")
     values = _rows(key, mx.MSHADOW_DTYPES[command.dtype_flag], kv, len(local_ids)) if msg.meta.push else None
-    return _request(msg, command, kv, key, local_ids, values)
+    return _request(msg, command, kv.keys, key, local_ids, values)
 
 
 _F32 = np.dtype(np.float32)
@@ -181,6 +196,15 @@ def row_pull(sender: int, meta: Meta, key: int, master: int, local_ids: np.ndarr
     request = _new(DataRequest)
     request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key, keys=keys,
                             local_ids=local_ids, values=None, original_size=0)
+    return request
+
+
+def dense_push(sender: int, meta: Meta, key: int, raw_key: bytes, values: np.ndarray) -> DataRequest:
+    """The dense push of `values` (its dtype the wire's) to this server's `key` (`raw_key`: the keys frame as sent),
+    as :func:`parse` decodes it from a worker: how the fast path hands a push to a sync round (server/fastpath.py)."""
+    request = _new(DataRequest)
+    request.__dict__.update(sender=sender, meta=meta, request_type=mx.DEFAULT, dtype=values.dtype, key=key,
+                            keys=np.frombuffer(raw_key, _U64), local_ids=_NO_ROWS, values=values, original_size=0)
     return request
 
 

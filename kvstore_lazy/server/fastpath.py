@@ -1,18 +1,22 @@
-"""The fast path for the server's most frequent requests: a pull answered whole in one pass, with no DataRequest.
+"""The fast path for the server's most frequent requests: a pull answered whole in one pass, a dense push handed to
+its round, with no DataRequest decoded.
 
 Owns: recognising a plain pull (a dense key's value, or float32 row_sparse rows of a key whose table is a plain
 store of them, see ``RowSparseKey.resident_rows``) straight from its decoded meta and raw key frame, and answering
 it with the same bytes :class:`~kvstore_lazy.server.core.KVServer`'s general path would send. A row_sparse pull's
 rows are checked, probed and gathered into the reply in one compiled call (``protocol/_fast.c`` ``gather_rows``);
 the rows not in the table (new, pending admission, or kept elsewhere) are asked of ``RowSparseKey.pull``, as a pull
-of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is.
-Does not own: anything else. Whatever it does not take (a push, a command, an unusual frame layout, a key range,
-alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before changing anything, and
-the general path decides, logs and answers.
+of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is. Likewise a
+plain dense push (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
+(``KVServer._round``, the general path's merge, update and replies).
+Does not own: anything else. Whatever it does not take (a row_sparse push, a pushpull, a command, an unusual frame
+layout, a key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before
+changing anything, and the general path decides, logs and answers.
 
-Every check of the general path that can refuse such a pull is repeated here as a condition for taking it
-(``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``), so a pull that would be
-refused never gets a fast answer; tests/test_fastpath.py compares both paths' replies byte for byte.
+Every check of the general path that can refuse such a request is repeated here as a condition for taking it
+(``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``/``_dense_push``), so a request
+that would be refused never gets a fast answer; tests/test_fastpath.py compares both paths' replies and the state
+they leave byte for byte.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ class FastPath:
         self.span = server.key_range.end - server.key_range.begin
         self.answered = 0          # pulls answered here (tests, profiles)
         self.partial = 0           # of them, pulls with rows keys.py made
+        self.pushes = 0            # dense pushes handed to their key's round here
         from .core import MATERIALIZE_ON_TOUCH   # (core imports this module)
         self.touch = MATERIALIZE_ON_TOUCH
 
@@ -53,7 +58,9 @@ class FastPath:
         KVServer.handle after its own checks (an identified sender, a request, not a command), inside its handler
         of unexpected errors."""
         meta = msg.meta
-        if meta.pull is not True or meta.push is not False:
+        if meta.push is True:
+            return self._dense_push(msg) if meta.pull is False else None
+        if meta.pull is not True:
             return None
         data = msg.data
         if len(data) == 3:
@@ -114,3 +121,27 @@ class FastPath:
             lens = _I32.pack(len(payload))
         self.answered += 1
         return [wire.pull_answer(msg.sender, meta, raw if type(raw) is bytes else bytes(raw), payload, lens)]
+
+    def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
+        """A dense push (not a pushpull, not compressed) of a gradient to a stored key, taken from its frames to the
+        key's round (``KVServer._round``: the merge, the update, the replies) without decoding a DataRequest; None
+        for anything else: the init, a multi-precision key, a wrong size or dtype, async with no optimizer."""
+        meta, data = msg.meta, msg.data
+        dtype = _DENSE.get(meta.head)
+        if dtype is None or len(data) != 3:
+            return None
+        raw, vals, lens = data
+        if len(raw) != 8 or len(lens) != 4 or _I32.unpack(lens)[0] != len(vals) or len(vals) % dtype.itemsize:
+            return None
+        key = int.from_bytes(raw, "little") - self.begin
+        server = self.server
+        if not 0 <= key < self.span or server.poisoned:
+            return None
+        entry = server.keys.get(key)
+        if type(entry) is not DenseKey or not entry.plain_gradient(dtype, len(vals) // dtype.itemsize):
+            return None
+        if not server.sync_mode and server.optimizer is None:
+            return None
+        values = np.frombuffer(vals, dtype)
+        self.pushes += 1
+        return server._round(wire.dense_push(msg.sender, meta, key, bytes(raw), values), entry, values)

@@ -24,12 +24,15 @@ from typing import Callable
 import numpy as np
 
 from ..optimizers import Optimizer
+from ..protocol.fast import native
 from ..protocol.kv import BadRequest, DataRequest
 from ..store import kernels
 from ..store.rows import RowTable
 from ..store.tier import DiskTier
 from .declaration import LazySpec
 from .lifecycle import Lifecycle, RowPolicy
+
+_merge_rows = native.merge_rows   # (its kernel's address comes from optimizers, imported above)
 
 
 class SyncRound:
@@ -97,6 +100,11 @@ class DenseKey:
             raise BadRequest(self.key, f"push of {values.size} {dtype.name} values to a key of {self._value.size} "
                                        f"{self.dtype.name}")
         return values.astype(np.float32) if self._master is not None else values
+
+    def plain_gradient(self, dtype: np.dtype, size: int) -> bool:
+        """Whether a push of `size` `dtype` values is a gradient :meth:`gradient` takes as it is (no master copy):
+        the fast path's condition for handing it to the round (server/fastpath.py)."""
+        return dtype == self.dtype and size == self._value.size and self._master is None
 
     def merge(self, merged, grad: np.ndarray, count: int) -> np.ndarray:
         if count == 0:
@@ -337,10 +345,13 @@ class RowSparseKey:
     def merge(merged, grad: tuple[np.ndarray, np.ndarray], count: int) -> tuple[np.ndarray, np.ndarray]:
         local_ids, values = grad
         if count == 0:
-            return local_ids.copy(), values.copy()
+            return grad              # the message's arrays, never written: merge_rows sums into new ones
         if len(local_ids) == 0:
             return merged
-        return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        got = _merge_rows(merged[0], merged[1], local_ids, values)   # kernels.merge_rows in one compiled call
+        if got is None:
+            return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.float32).reshape(-1, values.shape[1])
 
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None) -> None:
         local_ids, values = grad

@@ -75,6 +75,11 @@ def load(library: Path = LIBRARY, source: Path = SOURCE) -> ctypes.CDLL:
 _lib = load()
 
 
+def address(name: str) -> int:
+    """The address of the library's function `name` (the compiled fast path calls the update kernels with it)."""
+    return ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value or 0
+
+
 def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
