@@ -281,22 +281,28 @@ void sincos_f64(const double *theta, int64_t n, double *sin_out, double *cos_out
 }
 
 /* Records of a disk segment store (segments.py): row i is `size` bytes at `offsets[i]` of file `fds[i]`, read with
- * pread into out + i * size. Returns 0; or the errno of the first failed read (-1 for a short read: a truncated
- * file), its row in *failed. Called through ctypes, which releases the GIL: a thread pool reads parts in parallel. */
+ * pread into out + i * size. A run of rows adjacent in the same file (offsets[i + 1] == offsets[i] + size: the caller
+ * sorts by file and offset) is one pread. Returns 0; or the errno of the first failed read (-1 for a short read: a
+ * truncated file), in *failed the row where it failed. Called through ctypes, which releases the GIL: a thread pool
+ * reads parts in parallel. */
 int64_t pread_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
                       int64_t *failed) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t done = 0;
-        while (done < size) {
-            ssize_t got = pread(fds[i], out + i * size + done, (size_t)(size - done), (off_t)(offsets[i] + done));
+    int64_t i = 0;
+    while (i < n) {
+        int64_t j = i + 1;
+        while (j < n && fds[j] == fds[i] && offsets[j] == offsets[j - 1] + size) j++;
+        int64_t want = (j - i) * size, done = 0;
+        while (done < want) {
+            ssize_t got = pread(fds[i], out + i * size + done, (size_t)(want - done), (off_t)(offsets[i] + done));
             if (got < 0) {
                 if (errno == EINTR) continue;
-                *failed = i;
+                *failed = i + done / size;
                 return errno;
             }
-            if (got == 0) { *failed = i; return -1; }
+            if (got == 0) { *failed = i + done / size; return -1; }
             done += got;
         }
+        i = j;
     }
     return 0;
 }

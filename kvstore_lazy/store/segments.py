@@ -63,6 +63,8 @@ INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past 
 INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
+CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
+COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
 
 
@@ -264,28 +266,65 @@ class SegmentStore:
         then retire them; returns how many segments were compacted."""
         ratio = self.compact_ratio if ratio is None else ratio
         done = 0
-        for slot in sorted(self._names):
-            if slot == self._active or self._fill[slot] < self.segment_rows:
-                continue
-            if 1.0 - self._live[slot] / self.segment_rows < ratio:
-                continue
-            offsets = np.arange(self._fill[slot], dtype=np.int64)
-            records = self._read_segment(slot)
-            self._verify_records(slot, records, offsets)
-            index = self._index.lookup(records["id"])
-            here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
-            live = np.zeros(len(records), bool)
-            found = index >= 0
-            live[found] = self._locations(index[found]) == here[found]
-            if live.any():
-                self._append(records[live])
-            assert self._live[slot] == 0, "a compacted segment kept live records"
-            self._retire(slot)
+        for slot in self._sealed():
+            if 1.0 - self._live[slot] / self.segment_rows >= ratio:
+                self._compact_segment(slot)
+                done += 1
+        return self._compacted(done)
+
+    def compact_store(self, ratio: float | None = None, limit: int = COMPACT_LIMIT) -> int:
+        """Amortized compaction (what the disk tier runs at round ends): compact the sealed segment with the fewest
+        live records (ties: the lowest slot) while the garbage of the whole store (records written that are not
+        live, active segment included) passes ``ratio`` (default the store's) of its records written, or while
+        that segment is at least ``CHEAP_GARBAGE`` garbage (it rewrites at most one record per record it frees); at
+        most ``limit`` segments a call; returns how many. The emptiest segment frees the most per record rewritten,
+        so under skewed promotions (hot rows leave the recent segments) this rewrites far fewer records per record
+        freed than :meth:`compact`'s per-segment threshold; the disk stays within ``1 / (1 - ratio)`` of the live
+        records, plus the active segment (and what ``limit`` defers to the next call)."""
+        ratio = self.compact_ratio if ratio is None else ratio
+        done = 0
+        while done < limit:
+            sealed = self._sealed()
+            if not sealed:
+                break
+            slot = sealed[int(np.argmin(self._live[sealed]))]      # argmin: the first (lowest slot) of ties
+            written = sum(self._fill.values())
+            garbage = 1.0 - self._live[slot] / self.segment_rows
+            if garbage <= 0.0 or (written - len(self) <= ratio * written and garbage < max(ratio, CHEAP_GARBAGE)):
+                break
+            self._compact_segment(slot)
             done += 1
+        return self._compacted(done)
+
+    def _sealed(self) -> list[int]:
+        return [slot for slot in sorted(self._names)
+                if slot != self._active and self._fill[slot] == self.segment_rows]
+
+    def _compacted(self, done: int) -> int:
         if done:
             self.counters["compactions"] += 1
             self.counters["segments_compacted"] += done
         return done
+
+    def _compact_segment(self, slot: int) -> None:
+        """Append the live records of a sealed segment anew, then retire it. Its records are read in one call; only
+        the live ones are checked (every one the index places there must be there, id and contents: else a
+        SegmentError), garbage is never looked at twice. A segment with no live record is retired unread."""
+        if self._live[slot]:
+            records = self._read_segment(slot)
+            index = self._index.lookup(records["id"])
+            here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
+            found = np.flatnonzero(index >= 0)
+            offsets = found[self._locations(index[found]) == here[found]]
+            if len(offsets) != self._live[slot]:
+                raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: {len(offsets)} of its "
+                                   f"{int(self._live[slot])} live records carry the id the index has for them")
+            live = records[offsets]
+            del records
+            self._verify_records(slot, live, offsets)
+            self._append(live)
+        assert self._live[slot] == 0, "a compacted segment kept live records"
+        self._retire(slot)
 
     def commit(self, into=None) -> None:
         """Make what is stored now durable: fsync the segments written since the last commit, then write the index
@@ -420,16 +459,21 @@ class SegmentStore:
         return out
 
     def _read_segment(self, slot: int) -> np.ndarray:
-        """All records written to a segment, in one read."""
-        size = self._fill[slot] * self.record_bytes
+        """All records written to a segment, in one read (straight into the array returned)."""
+        out = np.empty(self._fill[slot], self.record_dtype)
         file = self.path / self._names[slot]
+        data, got = out.view(np.uint8), 0
         try:
-            data = os.pread(self._fd(slot), size, 0)
+            while got < len(data):
+                n = os.preadv(self._fd(slot), [data[got:]], got)
+                if n <= 0:
+                    break
+                got += n
         except OSError as exc:
             raise DiskError(exc.errno, f"disk tier {self.path}: reading {file.name} failed: {exc}") from exc
-        if len(data) != size:
-            raise SegmentError(f"segment {file} is damaged: it ends before record {len(data) // self.record_bytes}")
-        return np.frombuffer(data, self.record_dtype).copy()
+        if got != out.nbytes:
+            raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.record_bytes}")
+        return out
 
     def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases

@@ -207,7 +207,8 @@ class DiskTier:
 
     @_fatal
     def compact(self) -> int:
-        return self.store.compact()
+        """Amortized: the store's garbage ratio over all its segments, the emptiest segments first (compact_store)."""
+        return self.store.compact_store()
 
     # -- sizes
 
