@@ -236,6 +236,17 @@ class SegmentStore:
             raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
         return self._read(ids, self._locations(index))["payload"]
 
+    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
+        their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
+        changes the store). For moving rows out: read, place them elsewhere, then drop."""
+        index = self._index.lookup(as_row_ids(row_ids))
+        present = index >= 0
+        index = index[present]
+        payload = self._read(as_row_ids(row_ids)[present], self._locations(index))["payload"] if len(index) \
+            else np.zeros(0, self.payload_dtype)
+        return present, payload, lambda: self._drop(index) if len(index) else None
+
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
         index = self._index.lookup(as_row_ids(row_ids))

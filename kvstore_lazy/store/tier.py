@@ -161,6 +161,7 @@ class DiskTier:
         self.counters["hits"] += hits
         self.counters["misses"] += misses
 
+    @_fatal
     def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
@@ -168,14 +169,17 @@ class DiskTier:
         ids = as_row_ids(row_ids)
         absent = table.lookup(ids) < 0
         cold = ids[absent]
-        on_disk = cold[self.store.contains(cold)] if len(cold) and len(self.store) else cold[:0]
+        if len(cold) and len(self.store):
+            present, payload, drop = self.store.take_present(cold)     # one probe of the index, one batched read
+            on_disk = cold[present]
+        else:
+            on_disk = cold[:0]
         if count:
             self.count(int(len(ids) - absent.sum()), len(on_disk))
         if not len(on_disk):
             return 0
-        rows = self._unpack(on_disk, self.store.get(on_disk))
-        table.insert_rows(rows)
-        self.store.delete(on_disk)
+        table.insert_rows(self._unpack(on_disk, payload))
+        drop()
         self.counters["promoted"] += len(on_disk)
         return len(on_disk)
 
