@@ -315,3 +315,15 @@ def test_adjacent_records_are_read_in_one_call_and_a_short_file_names_the_row(tm
         assert np.array_equal(out[:3], data.reshape(10, size)[[3, 8, 9]])
     finally:
         os.close(fd)
+
+
+def test_records_filled_in_place_are_put_as_put_puts_them(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(20, dtype=np.uint64)
+    records = store.new_records(ids)
+    records["payload"] = payload(ids, 2.0)
+    store.put_records(records)
+    assert store.get(ids).tobytes() == payload(ids, 2.0).tobytes()
+    with pytest.raises(ValueError, match="records of dtype"):
+        store.put_records(payload(ids))
+    assert len(store) == 20 and store.counters["records_written"] == 20

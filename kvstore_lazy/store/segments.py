@@ -224,9 +224,24 @@ class SegmentStore:
                              f"{self.payload_dtype} ({len(ids)},)")
         if not len(ids):
             return
-        records = np.zeros(len(ids), self.record_dtype)
-        records["id"], records["payload"] = ids, payload
+        records = self.new_records(ids)
+        records["payload"] = payload
         self._append(records)
+
+    def new_records(self, row_ids) -> np.ndarray:
+        """Records for ``row_ids`` (unique) with their ids set and a zero payload, for the caller to fill in place
+        (``records["payload"]``) and hand to :meth:`put_records`: :meth:`put` without a copy of the payload."""
+        ids = as_row_ids(row_ids)
+        records = np.zeros(len(ids), self.record_dtype)
+        records["id"] = ids
+        return records
+
+    def put_records(self, records: np.ndarray) -> None:
+        """Write records made by :meth:`new_records` (present ids are replaced)."""
+        if records.dtype != self.record_dtype or records.ndim != 1:
+            raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
+        if len(records):
+            self._append(records)
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""

@@ -144,8 +144,12 @@ class DiskTier:
         try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
             for lo in range(0, len(slots), DEMOTE_CHUNK):
                 rows = table.export(slots[lo:lo + DEMOTE_CHUNK])
-                self.store.put(rows["row_ids"], self._pack(rows))
-                written.append(rows["row_ids"])
+                ids, records = rows["row_ids"], self.store.new_records(rows["row_ids"])
+                self._pack(rows, records["payload"])          # packed in place: one copy of the chunk, not two
+                del rows
+                self.store.put_records(records)
+                del records
+                written.append(ids)
         except (DiskError, SegmentError):
             for ids in written:       # a row is in one tier: those written go again (the table keeps them)
                 self.store.delete(ids)
@@ -231,8 +235,8 @@ class DiskTier:
 
     # -- records
 
-    def _pack(self, rows: dict) -> np.ndarray:
-        out = np.empty(len(rows["row_ids"]), self.record)
+    def _pack(self, rows: dict, out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty(len(rows["row_ids"]), self.record) if out is None else out
         out["w"] = rows["weights"]
         for i, states in enumerate(rows["states"]):
             out[f"s{i}"] = states
