@@ -463,24 +463,26 @@ class SegmentStore:
         total ^= total >> np.uint64(32)
         return (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
-    def _verify_records(self, slot: int, records: np.ndarray, offsets: np.ndarray, ids=None) -> None:
+    def _verify_records(self, slot: int, records: np.ndarray, offsets: np.ndarray) -> None:
         locs = offsets.astype(np.uint32) | np.uint32(slot << self._shift)
         bad = self._checks(records, locs) != records["check"]
-        if ids is not None:
-            bad |= records["id"] != ids
         if bad.any():
-            first = int(offsets[np.flatnonzero(bad)[0]])
-            raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: record {first} (and "
-                               f"{int(bad.sum()) - 1} more of those read) fails its check")
+            self._refuse(slot, offsets[bad])
+
+    def _refuse(self, slot: int, bad_offsets: np.ndarray) -> None:
+        raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: record {int(bad_offsets[0])} (and "
+                           f"{len(bad_offsets) - 1} more of those read) fails its check")
 
     def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        """The records at ``locs`` (of ``ids``), checked, in their order."""
+        """The records at ``locs`` (of ``ids``), checked (all at once: a damage names the lowest segment that has
+        one, and its first damaged record in ``ids`` order), in their order."""
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        out = self._pread(slots, offsets)
-        for slot in np.unique(slots):              # a loop over segments, not rows
-            mine = np.flatnonzero(slots == slot) if len(self._names) > 1 else np.arange(len(slots))
-            self._verify_records(int(slot), out[mine], offsets[mine], ids[mine])
+        out = self._pread(slots, offsets, locs)
+        bad = (self._checks(out, locs) != out["check"]) | (out["id"] != ids)
+        if bad.any():
+            slot = int(slots[bad].min())
+            self._refuse(slot, offsets[bad & (slots == slot)])
         self.counters["records_read"] += len(ids)
         return out
 
@@ -501,13 +503,13 @@ class SegmentStore:
             raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.record_bytes}")
         return out
 
-    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases
-        the GIL)."""
+    def _pread(self, slots: np.ndarray, offsets: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """Records at (slot, offset) pairs (``locs``: the same as locations), read in file order by up to
+        READ_THREADS threads (the C loop releases the GIL; adjacent records are one read)."""
         out = np.empty(len(slots), self.record_dtype)
         if not len(slots):
             return out
-        order = np.lexsort((offsets, slots))
+        order = np.argsort(locs, kind="stable")              # by segment slot, then offset
         fd_of = np.full(int(slots.max()) + 1, -1, np.int32)
         for slot in np.unique(slots):
             fd_of[slot] = self._fd(int(slot))
