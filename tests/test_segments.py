@@ -298,7 +298,9 @@ def test_compaction_refuses_a_live_record_whose_id_is_damaged(tmp_path):
     assert store.get(ids[20:]).tobytes() == payload(ids[20:]).tobytes()
 
 
-def test_adjacent_records_are_read_in_one_call_and_a_short_file_names_the_row(tmp_path):
+@pytest.mark.parametrize("ring", [True, False])
+def test_adjacent_records_are_read_in_one_call_and_a_short_file_names_the_row(tmp_path, ring):
+    """Both ways of reading (an io_uring where the kernel has one, else the pread loop; and the pread loop)."""
     from kvstore_lazy.store import kernels
     size = 12
     data = np.arange(10 * size, dtype=np.uint8)
@@ -307,12 +309,19 @@ def test_adjacent_records_are_read_in_one_call_and_a_short_file_names_the_row(tm
     try:
         rows = np.array([0, 1, 2, 5, 7, 8, 9], np.int64)
         out = np.zeros((len(rows), size), np.uint8)
-        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out) == (0, -1)
+        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out, ring) == (0, -1)
         assert np.array_equal(out, data.reshape(10, size)[rows])
         rows = np.array([3, 8, 9, 10, 11], np.int64)       # a run that goes past the end: fails at row 3 (10)
         out = np.zeros((len(rows), size), np.uint8)
-        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out) == (-1, 3)
+        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out, ring) == (-1, 3)
         assert np.array_equal(out[:3], data.reshape(10, size)[[3, 8, 9]])
+        many = np.random.default_rng(1).integers(0, 10, 5000)       # more reads than a ring holds
+        out = np.zeros((len(many), size), np.uint8)
+        assert kernels.pread_records(np.full(len(many), fd, np.int32), many * size, size, out, ring) == (0, -1)
+        assert np.array_equal(out, data.reshape(10, size)[many])
+        bad = np.full(len(many), fd, np.int32)
+        bad[4000] = 10_000                                            # not an open file: EBADF at row 4000
+        assert kernels.pread_records(bad, many * size, size, out, ring) == (9, 4000)
     finally:
         os.close(fd)
 

@@ -63,6 +63,7 @@ INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past 
 INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
+READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
@@ -520,7 +521,7 @@ class SegmentStore:
 
         def read(i: int) -> tuple[int, int]:
             lo, hi = bounds[i], bounds[i + 1]
-            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi])
+            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], READ_RING)
             return err, (row + lo if err else -1)
 
         results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]

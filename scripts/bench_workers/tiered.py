@@ -122,9 +122,16 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30, help="Zipf steps after the fill")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--rss-trace", action="store_true", help="each tier function's RSS transient (VmHWM)")
+    parser.add_argument("--pread", action="store_true", help="read with pread, not an io_uring")
+    parser.add_argument("--read-threads", type=int, default=None, help="segments.READ_THREADS")
     parser.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
     args = parser.parse_args()
     budget = parse_bytes(args.budget)
+    from kvstore_lazy.store import kernels, segments
+    segments.READ_RING = not args.pread
+    segments.READ_THREADS = args.read_threads or segments.READ_THREADS
+    print(f"reads: {'pread' if args.pread or not kernels.uring_available() else 'io_uring'}, "
+          f"{segments.READ_THREADS} threads")
     temp = None if args.disk_dir else tempfile.TemporaryDirectory(prefix="tiered-")   # removed at exit
     disk = args.disk_dir or temp.name
     settings = Settings(memory_budget=budget, disk_dir=disk if budget else "")
