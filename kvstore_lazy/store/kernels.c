@@ -381,7 +381,7 @@ static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
                           int64_t *failed) {
     struct ring r;
     if (ring_open(&r)) return -2;
-    int64_t i = 0, err = 0, bad = INT64_MAX, max_run = (int64_t)1 << RUN_BITS;
+    int64_t i = 0, err = 0, bad = INT64_MAX, max_run = ((int64_t)1 << RUN_BITS) - 1;
     if (max_run * size > ((int64_t)1 << 30)) max_run = size < ((int64_t)1 << 30) ? ((int64_t)1 << 30) / size : 1;
     unsigned inflight = 0, unsubmitted = 0;
     int ring_failed = 0;
@@ -419,9 +419,10 @@ static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
         for (; head != end; head++, inflight--) {
             struct io_uring_cqe *c = &r.cqes[head & *r.cq_mask];
             int64_t row = (int64_t)(c->user_data >> RUN_BITS), cnt = (int64_t)(c->user_data & ((1u << RUN_BITS) - 1));
-            int64_t want = cnt * size, res = c->res, reached = 0, e = 0;
-            if (res < 0 && res != -EAGAIN && res != -EINTR) e = -res;
-            else e = read_rest(fds[row], out + row * size, offsets[row], want, res < 0 ? 0 : res, &reached);
+            int64_t want = cnt * size, res = c->res, reached = 0, e;
+            /* a failed read (or one this kernel's ring cannot do: IORING_OP_READ is 5.6+) is done again with
+             * pread, which gives the error if there is one; a short one is finished by pread */
+            e = read_rest(fds[row], out + row * size, offsets[row], want, res < 0 ? 0 : res, &reached);
             if (e && row + reached / size < bad) { bad = row + reached / size; err = e; }
         }
         __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
