@@ -9,8 +9,10 @@ Layout of a store directory::
 A *record* is ``id`` (uint64), ``check`` (uint32) and the payload (a numpy structured dtype chosen by the caller:
 the weights, every optimizer state and the per-row policy columns of one row, together). Records are only ever
 appended to the *active* segment (``os.pwrite``, one call per batch); a full segment is *sealed* and never written
-again. A row written again gets a new record; the old one becomes garbage. A sealed segment whose garbage passes
-``compact_ratio`` is *compacted*: its live records are appended anew and the file goes.
+again. A row written again gets a new record; the old one becomes garbage. Sealed segments are *compacted* (their
+live records appended anew, the file gone): by :meth:`SegmentStore.compact_store` (the tier's, at round ends) the
+emptiest first while the whole store's garbage passes ``compact_ratio`` or the emptiest is half garbage, a few a
+call; by :meth:`SegmentStore.compact` every one whose own garbage passes the ratio.
 
 The index (row id -> location) is a :class:`~kvstore_lazy.store.rows.RowTable` with one ``uint32`` per row: the
 location ``slot << shift | offset`` (a segment slot, reused after compaction, and the record number in it). Memory
@@ -36,9 +38,10 @@ shows up there, never as a half-written record, as a :class:`DiskError` naming t
 ``pwrite``/``fsync`` is one too. The store's contents are unchanged by the failed call (nothing of the batch is
 indexed; records it wrote before the failure are unreferenced garbage).
 
-Reads are batched: the records of a batch are read in file order (sorted by segment and offset) by one C loop of
-``pread`` calls (:func:`kernels.pread_records`), split over up to ``READ_THREADS`` threads (ctypes releases the GIL),
-so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
+Reads are batched: the records of a batch are read in file order (sorted by segment and offset, adjacent records
+one read) by one C call (:func:`kernels.pread_records`): through an io_uring where the kernel has one (a ring of 256
+reads a system call; page-cache hits complete inline, the rest in parallel in the kernel), else a loop of ``pread``;
+split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
 in the server's RSS. No per-row Python loop anywhere: the loops are over segments.
 """
 from __future__ import annotations
