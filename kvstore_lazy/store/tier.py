@@ -19,7 +19,8 @@ from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, Se
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
-DEMOTE_CHUNK = 1 << 16          # rows written to disk per step of a demotion
+DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
+                                # and sequential, yet a transient of a few MB above the budget)
 _FIXED: list = []
 
 
