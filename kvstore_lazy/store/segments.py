@@ -41,8 +41,9 @@ indexed; records it wrote before the failure are unreferenced garbage).
 Reads are batched: the records of a batch are read in file order (sorted by segment and offset, adjacent records
 one read) by one C call (:func:`kernels.pread_records`): through an io_uring where the kernel has one (a ring of 256
 reads a system call; page-cache hits complete inline, the rest in parallel in the kernel), else a loop of ``pread``;
-split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
-in the server's RSS. No per-row Python loop anywhere: the loops are over segments.
+split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. Reads,
+not a memory map: page-cache pages of a mapped file would count in the server's RSS. No per-row Python loop
+anywhere: the loops are over segments.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -255,7 +257,7 @@ class SegmentStore:
             raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
         return self._read(ids, self._locations(index))["payload"]
 
-    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
         """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
         their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
         changes the store). For moving rows out: read, place them elsewhere, then drop."""
@@ -264,7 +266,11 @@ class SegmentStore:
         index = index[present]
         payload = self._read(as_row_ids(row_ids)[present], self._locations(index))["payload"] if len(index) \
             else np.zeros(0, self.payload_dtype)
-        return present, payload, lambda: self._drop(index) if len(index) else None
+        def drop() -> None:
+            if len(index):
+                self._drop(index)
+
+        return present, payload, drop
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -497,7 +503,7 @@ class SegmentStore:
         data, got = out.view(np.uint8), 0
         try:
             while got < len(data):
-                n = os.preadv(self._fd(slot), [data[got:]], got)
+                n = os.preadv(self._fd(slot), [memoryview(data[got:])], got)
                 if n <= 0:
                     break
                 got += n
