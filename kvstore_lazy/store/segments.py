@@ -503,7 +503,7 @@ class SegmentStore:
         data, got = out.view(np.uint8), 0
         try:
             while got < len(data):
-                n = os.preadv(self._fd(slot), [memoryview(data[got:])], got)
+                n = os.preadv(self._fd(slot), [data[got:].data], got)
                 if n <= 0:
                     break
                 got += n
