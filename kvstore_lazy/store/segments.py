@@ -598,12 +598,12 @@ class SegmentStore:
             if not isinstance(exc, DiskError):
                 raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
             raise
-        index = self._index.lookup(ids)
-        old = index >= 0
+        before = len(self._index)      # one probe of the index: the rows it had are those at older slots
+        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
+        old = index < before
         if old.any():
             self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
                                       minlength=len(self._live))
-        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
         self._index.arrays()[0][index, 0] = locs
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)
