@@ -53,7 +53,13 @@ TRACED = [("kvstore_lazy.server.lifecycle", "Lifecycle", "enforce_budget"),
           ("kvstore_lazy.store.segments", "SegmentStore", "put"),
           ("kvstore_lazy.store.rows", "RowTable", "remove_slots"),
           ("kvstore_lazy.store.rows", "RowTable", "ensure"),
-          ("kvstore_lazy.store.rows", "RowIndex", "_grow_table")]
+          ("kvstore_lazy.store.rows", "RowIndex", "_grow_table"),
+          ("kvstore_lazy.store.rows", "RowIndex", "remove"),
+          ("kvstore_lazy.store.rows", "RowTable", "export"),
+          ("kvstore_lazy.store.rows", "Arena", "grow"),
+          ("kvstore_lazy.store.rows", "Arena", "clear"),
+          ("kvstore_lazy.store.segments", "SegmentStore", "put_records"),
+          ("kvstore_lazy.store.segments", "SegmentStore", "new_records")]
 
 
 class HwmTrace:
