@@ -1264,8 +1264,9 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
     rows.append(["", "server peak RSS: in memory / tier", f"{mib(mem['peak_rss'])} / {mib(tier['peak_rss'])}", "",
                  ""])
     zipf_disk = ts.get("disk_bytes", 0) / ts["disk_rows"] if ts.get("disk_rows") else None
-    rows.append(["(c) bytes on disk", "per row on disk after the Zipf phase (promotions leave garbage; sealed "
-                 "segments past 25% garbage are compacted)", f"{zipf_disk:.1f} B" if zipf_disk else "-",
+    rows.append(["(c) bytes on disk", "per row on disk after the Zipf phase (promotions leave garbage; the "
+                 "emptiest sealed segments are compacted while the store is past 25% garbage)",
+                 f"{zipf_disk:.1f} B" if zipf_disk else "-",
                  ratio(zipf_disk, raw), verdict(zipf_disk is not None and zipf_disk <= 1.5 * raw,
                                                 f"<= 1.5 x raw ({raw} B)")])
     data["zipf"] = dict(results, working_rows=working, budget=zipf_budget)

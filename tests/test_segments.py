@@ -68,6 +68,17 @@ class StoreMachine(RuleBasedStateMachine):
     def compact(self):
         self.store.compact()
 
+    @rule(ratio=st.sampled_from([0.05, 0.25, 0.9]), limit=st.integers(1, 3))
+    def compact_store(self, ratio, limit):
+        self.store.compact_store(ratio, limit)
+
+    @rule(ids=batch)
+    def take_present(self, ids):
+        present, got, drop = self.store.take_present(np.array(ids, np.uint64))
+        assert present.tolist() == [i in self.model for i in ids]
+        drop()
+        assert [g.tobytes() for g in got] == [self.model.pop(i) for i in ids if i in self.model]
+
     @rule()
     def commit(self):
         self.store.commit()
@@ -242,3 +253,86 @@ def test_a_lean_rehash_index_finds_what_a_default_one_finds():
     probe = np.concatenate([ids[::7], rng.integers(0, 2**64, 1000, dtype=np.uint64)])
     assert lean.lookup(probe).tolist() == plain.lookup(probe).tolist()
     assert lean.buckets == 65536 and plain.buckets == 131072          # 50k rows at loads <= 0.8 and <= 0.5
+
+
+def test_compact_store_rewrites_the_emptiest_segments_first_under_a_store_wide_ratio(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(161, dtype=np.uint64)       # 10 sealed segments (segment k keeps 16 - k records), 1 active
+    store.put(ids, payload(ids))
+    gone = ids[(ids % 16 < ids // 16) & (ids < 160)]
+    store.delete(gone)
+    kept = np.setdiff1d(ids, gone)
+    assert sorted(int(store._live[s]) for s in store._sealed()) == list(range(7, 17))
+    # 45 of 161 records are garbage (28%): over a ratio of 0.25 the emptiest goes first, at most `limit` a call
+    assert store.compact_store(0.25, limit=1) == 1
+    assert sorted(int(store._live[s]) for s in store._sealed()) == list(range(8, 17))
+    written = sum(store._fill.values())
+    assert (written - len(store)) / written <= 0.25      # 36 of 152: below the ratio, but the emptiest segment
+    assert store.compact_store(0.25) == 1                # (8 live of 16) is half garbage: compacted anyway
+    assert sorted(int(store._live[s]) for s in store._sealed()) == list(range(9, 17))
+    assert store.compact_store(0.25) == 0                # 28 of 144 and no segment half garbage: nothing
+    assert store.compact_store(0.001) == 7               # a lower ratio goes on until no sealed garbage is left
+    assert store.stats()["garbage_records"] == 0
+    assert store.get(kept).tobytes() == payload(kept).tobytes()
+    store.commit()
+    assert SegmentStore.open(tmp_path / "s").get(kept).tobytes() == payload(kept).tobytes()
+    # a segment wholly garbage is retired unread
+    other = SegmentStore(tmp_path / "t", PAYLOAD, segment_rows=16)
+    ids = np.arange(49, dtype=np.uint64)
+    other.put(ids, payload(ids))
+    other.delete(ids[:16])
+    assert other.compact_store(0.99) == 1 and other.counters["records_read"] == 0
+    assert other.get(ids[16:]).tobytes() == payload(ids[16:]).tobytes()
+
+
+def test_compaction_refuses_a_live_record_whose_id_is_damaged(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(40, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    store.delete(ids[:10])                        # the first segment: 10 of 16 garbage
+    with open(tmp_path / "s" / "seg-000001.dat", "r+b") as f:
+        f.seek(12 * store.record_bytes)           # the id of record 12 (row 12: live)
+        f.write(b"\xff")
+    with pytest.raises(SegmentError, match=r"seg-000001\.dat is damaged: 5 of its 6 live records"):
+        store.compact_store(0.25)
+    assert store.get(ids[20:]).tobytes() == payload(ids[20:]).tobytes()
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_adjacent_records_are_read_in_one_call_and_a_short_file_names_the_row(tmp_path, ring):
+    """Both ways of reading (an io_uring where the kernel has one, else the pread loop; and the pread loop)."""
+    from kvstore_lazy.store import kernels
+    size = 12
+    data = np.arange(10 * size, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        rows = np.array([0, 1, 2, 5, 7, 8, 9], np.int64)
+        out = np.zeros((len(rows), size), np.uint8)
+        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out, ring) == (0, -1)
+        assert np.array_equal(out, data.reshape(10, size)[rows])
+        rows = np.array([3, 8, 9, 10, 11], np.int64)       # a run that goes past the end: fails at row 3 (10)
+        out = np.zeros((len(rows), size), np.uint8)
+        assert kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out, ring) == (-1, 3)
+        assert np.array_equal(out[:3], data.reshape(10, size)[[3, 8, 9]])
+        many = np.random.default_rng(1).integers(0, 10, 5000)       # more reads than a ring holds
+        out = np.zeros((len(many), size), np.uint8)
+        assert kernels.pread_records(np.full(len(many), fd, np.int32), many * size, size, out, ring) == (0, -1)
+        assert np.array_equal(out, data.reshape(10, size)[many])
+        bad = np.full(len(many), fd, np.int32)
+        bad[4000] = 10_000                                            # not an open file: EBADF at row 4000
+        assert kernels.pread_records(bad, many * size, size, out, ring) == (9, 4000)
+    finally:
+        os.close(fd)
+
+
+def test_records_filled_in_place_are_put_as_put_puts_them(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(20, dtype=np.uint64)
+    records = store.new_records(ids)
+    records["payload"] = payload(ids, 2.0)
+    store.put_records(records)
+    assert store.get(ids).tobytes() == payload(ids, 2.0).tobytes()
+    with pytest.raises(ValueError, match="records of dtype"):
+        store.put_records(payload(ids))
+    assert len(store) == 20 and store.counters["records_written"] == 20

@@ -398,7 +398,7 @@ class RowSparseKey:
                 on_disk = self.disk.contains(row_ids[slots < 0]) if len(self.disk) else np.zeros(0, bool)
                 self.disk.count(hits=int((slots >= 0).sum()), misses=int(on_disk.sum()))
                 if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
-                    self._promote(row_ids, count=False)   # room under the budget: they come back
+                    self._promote(row_ids[slots < 0], count=False)   # room under the budget: they come back
                     slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0

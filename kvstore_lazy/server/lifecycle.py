@@ -531,6 +531,9 @@ class Lifecycle:
         order = np.lexsort((ids, owner, score))
         cut = int(np.searchsorted(np.cumsum(sizes[owner[order]]), excess)) + 1
         chosen = order[:cut]
+        # only slots, owner and chosen are needed from here: the scores and the rest go before the evictions (with
+        # a disk tier their demotions' buffers would otherwise come on top: RSS past the budget's fixed overhead)
+        del scores, below, tied, keep_ties, parts, score, ids, order
         evicted = 0
         for index, entry in enumerate(entries):
             mine = slots[chosen[owner[chosen] == index]]

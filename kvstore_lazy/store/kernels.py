@@ -41,11 +41,13 @@ _SIGNATURES = {
     "box_muller_f64": [_ptr, _i64, ctypes.c_double, _ptr],
     "log_unit_f64": [_ptr, _i64, _ptr],
     "sincos_f64": [_ptr, _i64, _ptr, _ptr],
-    "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
+    "uring_available": [],
     "record_checks": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64}
+_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
+             "uring_available": _i64}
 
 
 class KernelLoadError(ImportError):
@@ -225,17 +227,25 @@ def sincos(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------------------------------
 # batched record reads (caller: segments.SegmentStore)
 
-def pread_records(fds: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarray) -> tuple[int, int]:
+def pread_records(fds: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarray,
+                  ring: bool = True) -> tuple[int, int]:
     """Read ``size`` bytes at ``offsets[i]`` (int64) of file descriptor ``fds[i]`` (int32) into row i of ``out`` (a
-    C-contiguous array of ``len(fds) * size`` bytes). Returns ``(0, -1)``, or ``(errno, row)`` of the first failed
-    read (errno -1: the file ended early). Releases the GIL while it reads."""
+    C-contiguous array of ``len(fds) * size`` bytes); records adjacent in one file are one read. With ``ring`` (and
+    io_uring available: else it falls back by itself) the reads go through an io_uring, a ring of them a system
+    call; else one ``pread`` each. Returns ``(0, -1)``, or ``(errno, row)`` of the first failed read (errno -1: the
+    file ended early). Releases the GIL while it reads."""
     fds, offsets = np.ascontiguousarray(fds, np.int32), np.ascontiguousarray(offsets, np.int64)
     if len(fds) != len(offsets) or not out.flags.c_contiguous or out.nbytes != len(fds) * size:
         raise ValueError(f"pread_records: {len(fds)} fds, {len(offsets)} offsets, {out.nbytes} bytes of output "
                          f"for records of {size} bytes")
     failed = np.full(1, -1, np.int64)
-    err = _lib.pread_records(_addr(fds), _addr(offsets), len(fds), int(size), _addr(out), _addr(failed))
+    err = _lib.pread_records(_addr(fds), _addr(offsets), len(fds), int(size), _addr(out), _addr(failed), int(ring))
     return int(err), int(failed[0])
+
+
+def uring_available() -> bool:
+    """Whether pread_records can read through an io_uring here (else it reads with pread)."""
+    return bool(_lib.uring_available())
 
 
 def record_checks(words: np.ndarray, mult: np.ndarray, locs: np.ndarray) -> np.ndarray:

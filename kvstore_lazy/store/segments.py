@@ -9,8 +9,10 @@ Layout of a store directory::
 A *record* is ``id`` (uint64), ``check`` (uint32) and the payload (a numpy structured dtype chosen by the caller:
 the weights, every optimizer state and the per-row policy columns of one row, together). Records are only ever
 appended to the *active* segment (``os.pwrite``, one call per batch); a full segment is *sealed* and never written
-again. A row written again gets a new record; the old one becomes garbage. A sealed segment whose garbage passes
-``compact_ratio`` is *compacted*: its live records are appended anew and the file goes.
+again. A row written again gets a new record; the old one becomes garbage. Sealed segments are *compacted* (their
+live records appended anew, the file gone): by :meth:`SegmentStore.compact_store` (the tier's, at round ends) the
+emptiest first while the whole store's garbage passes ``compact_ratio`` or the emptiest is half garbage, a few a
+call; by :meth:`SegmentStore.compact` every one whose own garbage passes the ratio.
 
 The index (row id -> location) is a :class:`~kvstore_lazy.store.rows.RowTable` with one ``uint32`` per row: the
 location ``slot << shift | offset`` (a segment slot, reused after compaction, and the record number in it). Memory
@@ -36,10 +38,12 @@ shows up there, never as a half-written record, as a :class:`DiskError` naming t
 ``pwrite``/``fsync`` is one too. The store's contents are unchanged by the failed call (nothing of the batch is
 indexed; records it wrote before the failure are unreferenced garbage).
 
-Reads are batched: the records of a batch are read in file order (sorted by segment and offset) by one C loop of
-``pread`` calls (:func:`kernels.pread_records`), split over up to ``READ_THREADS`` threads (ctypes releases the GIL),
-so an SSD sees several requests at once. ``pread``, not a memory map: page-cache pages of a mapped file would count
-in the server's RSS. No per-row Python loop anywhere: the loops are over segments.
+Reads are batched: the records of a batch are read in file order (sorted by segment and offset, adjacent records
+one read) by one C call (:func:`kernels.pread_records`): through an io_uring where the kernel has one (a ring of 256
+reads a system call; page-cache hits complete inline, the rest in parallel in the kernel), else a loop of ``pread``;
+split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. Reads,
+not a memory map: page-cache pages of a mapped file would count in the server's RSS. No per-row Python loop
+anywhere: the loops are over segments.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +68,9 @@ INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past 
 INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
+READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
+CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
+COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
 
 
@@ -222,9 +230,24 @@ class SegmentStore:
                              f"{self.payload_dtype} ({len(ids)},)")
         if not len(ids):
             return
-        records = np.zeros(len(ids), self.record_dtype)
-        records["id"], records["payload"] = ids, payload
+        records = self.new_records(ids)
+        records["payload"] = payload
         self._append(records)
+
+    def new_records(self, row_ids) -> np.ndarray:
+        """Records for ``row_ids`` (unique) with their ids set and a zero payload, for the caller to fill in place
+        (``records["payload"]``) and hand to :meth:`put_records`: :meth:`put` without a copy of the payload."""
+        ids = as_row_ids(row_ids)
+        records = np.zeros(len(ids), self.record_dtype)
+        records["id"] = ids
+        return records
+
+    def put_records(self, records: np.ndarray) -> None:
+        """Write records made by :meth:`new_records` (present ids are replaced)."""
+        if records.dtype != self.record_dtype or records.ndim != 1:
+            raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
+        if len(records):
+            self._append(records)
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
@@ -233,6 +256,21 @@ class SegmentStore:
         if (index < 0).any():
             raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
         return self._read(ids, self._locations(index))["payload"]
+
+    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
+        """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
+        their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
+        changes the store). For moving rows out: read, place them elsewhere, then drop."""
+        index = self._index.lookup(as_row_ids(row_ids))
+        present = index >= 0
+        index = index[present]
+        payload = self._read(as_row_ids(row_ids)[present], self._locations(index))["payload"] if len(index) \
+            else np.zeros(0, self.payload_dtype)
+        def drop() -> None:
+            if len(index):
+                self._drop(index)
+
+        return present, payload, drop
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -264,28 +302,65 @@ class SegmentStore:
         then retire them; returns how many segments were compacted."""
         ratio = self.compact_ratio if ratio is None else ratio
         done = 0
-        for slot in sorted(self._names):
-            if slot == self._active or self._fill[slot] < self.segment_rows:
-                continue
-            if 1.0 - self._live[slot] / self.segment_rows < ratio:
-                continue
-            offsets = np.arange(self._fill[slot], dtype=np.int64)
-            records = self._read_segment(slot)
-            self._verify_records(slot, records, offsets)
-            index = self._index.lookup(records["id"])
-            here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
-            live = np.zeros(len(records), bool)
-            found = index >= 0
-            live[found] = self._locations(index[found]) == here[found]
-            if live.any():
-                self._append(records[live])
-            assert self._live[slot] == 0, "a compacted segment kept live records"
-            self._retire(slot)
+        for slot in self._sealed():
+            if 1.0 - self._live[slot] / self.segment_rows >= ratio:
+                self._compact_segment(slot)
+                done += 1
+        return self._compacted(done)
+
+    def compact_store(self, ratio: float | None = None, limit: int = COMPACT_LIMIT) -> int:
+        """Amortized compaction (what the disk tier runs at round ends): compact the sealed segment with the fewest
+        live records (ties: the lowest slot) while the garbage of the whole store (records written that are not
+        live, active segment included) passes ``ratio`` (default the store's) of its records written, or while
+        that segment is at least ``CHEAP_GARBAGE`` garbage (it rewrites at most one record per record it frees); at
+        most ``limit`` segments a call; returns how many. The emptiest segment frees the most per record rewritten,
+        so under skewed promotions (hot rows leave the recent segments) this rewrites far fewer records per record
+        freed than :meth:`compact`'s per-segment threshold; the disk stays within ``1 / (1 - ratio)`` of the live
+        records, plus the active segment (and what ``limit`` defers to the next call)."""
+        ratio = self.compact_ratio if ratio is None else ratio
+        done = 0
+        while done < limit:
+            sealed = self._sealed()
+            if not sealed:
+                break
+            slot = sealed[int(np.argmin(self._live[sealed]))]      # argmin: the first (lowest slot) of ties
+            written = sum(self._fill.values())
+            garbage = 1.0 - self._live[slot] / self.segment_rows
+            if garbage <= 0.0 or (written - len(self) <= ratio * written and garbage < max(ratio, CHEAP_GARBAGE)):
+                break
+            self._compact_segment(slot)
             done += 1
+        return self._compacted(done)
+
+    def _sealed(self) -> list[int]:
+        return [slot for slot in sorted(self._names)
+                if slot != self._active and self._fill[slot] == self.segment_rows]
+
+    def _compacted(self, done: int) -> int:
         if done:
             self.counters["compactions"] += 1
             self.counters["segments_compacted"] += done
         return done
+
+    def _compact_segment(self, slot: int) -> None:
+        """Append the live records of a sealed segment anew, then retire it. Its records are read in one call; only
+        the live ones are checked (every one the index places there must be there, id and contents: else a
+        SegmentError), garbage is never looked at twice. A segment with no live record is retired unread."""
+        if self._live[slot]:
+            records = self._read_segment(slot)
+            index = self._index.lookup(records["id"])
+            here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << self._shift)
+            found = np.flatnonzero(index >= 0)
+            offsets = found[self._locations(index[found]) == here[found]]
+            if len(offsets) != self._live[slot]:
+                raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: {len(offsets)} of its "
+                                   f"{int(self._live[slot])} live records carry the id the index has for them")
+            live = records[offsets]
+            del records
+            self._verify_records(slot, live, offsets)
+            self._append(live)
+        assert self._live[slot] == 0, "a compacted segment kept live records"
+        self._retire(slot)
 
     def commit(self, into=None) -> None:
         """Make what is stored now durable: fsync the segments written since the last commit, then write the index
@@ -398,46 +473,53 @@ class SegmentStore:
         total ^= total >> np.uint64(32)
         return (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
-    def _verify_records(self, slot: int, records: np.ndarray, offsets: np.ndarray, ids=None) -> None:
+    def _verify_records(self, slot: int, records: np.ndarray, offsets: np.ndarray) -> None:
         locs = offsets.astype(np.uint32) | np.uint32(slot << self._shift)
         bad = self._checks(records, locs) != records["check"]
-        if ids is not None:
-            bad |= records["id"] != ids
         if bad.any():
-            first = int(offsets[np.flatnonzero(bad)[0]])
-            raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: record {first} (and "
-                               f"{int(bad.sum()) - 1} more of those read) fails its check")
+            self._refuse(slot, offsets[bad])
+
+    def _refuse(self, slot: int, bad_offsets: np.ndarray) -> None:
+        raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: record {int(bad_offsets[0])} (and "
+                           f"{len(bad_offsets) - 1} more of those read) fails its check")
 
     def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        """The records at ``locs`` (of ``ids``), checked, in their order."""
+        """The records at ``locs`` (of ``ids``), checked (all at once: a damage names the lowest segment that has
+        one, and its first damaged record in ``ids`` order), in their order."""
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        out = self._pread(slots, offsets)
-        for slot in np.unique(slots):              # a loop over segments, not rows
-            mine = np.flatnonzero(slots == slot) if len(self._names) > 1 else np.arange(len(slots))
-            self._verify_records(int(slot), out[mine], offsets[mine], ids[mine])
+        out = self._pread(slots, offsets, locs)
+        bad = (self._checks(out, locs) != out["check"]) | (out["id"] != ids)
+        if bad.any():
+            slot = int(slots[bad].min())
+            self._refuse(slot, offsets[bad & (slots == slot)])
         self.counters["records_read"] += len(ids)
         return out
 
     def _read_segment(self, slot: int) -> np.ndarray:
-        """All records written to a segment, in one read."""
-        size = self._fill[slot] * self.record_bytes
+        """All records written to a segment, in one read (straight into the array returned)."""
+        out = np.empty(self._fill[slot], self.record_dtype)
         file = self.path / self._names[slot]
+        data, got = out.view(np.uint8), 0
         try:
-            data = os.pread(self._fd(slot), size, 0)
+            while got < len(data):
+                n = os.preadv(self._fd(slot), [data[got:].data], got)
+                if n <= 0:
+                    break
+                got += n
         except OSError as exc:
             raise DiskError(exc.errno, f"disk tier {self.path}: reading {file.name} failed: {exc}") from exc
-        if len(data) != size:
-            raise SegmentError(f"segment {file} is damaged: it ends before record {len(data) // self.record_bytes}")
-        return np.frombuffer(data, self.record_dtype).copy()
+        if got != out.nbytes:
+            raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.record_bytes}")
+        return out
 
-    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Records at (slot, offset) pairs, read in file order by up to READ_THREADS threads (the C loop releases
-        the GIL)."""
+    def _pread(self, slots: np.ndarray, offsets: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """Records at (slot, offset) pairs (``locs``: the same as locations), read in file order by up to
+        READ_THREADS threads (the C loop releases the GIL; adjacent records are one read)."""
         out = np.empty(len(slots), self.record_dtype)
         if not len(slots):
             return out
-        order = np.lexsort((offsets, slots))
+        order = np.argsort(locs, kind="stable")              # by segment slot, then offset
         fd_of = np.full(int(slots.max()) + 1, -1, np.int32)
         for slot in np.unique(slots):
             fd_of[slot] = self._fd(int(slot))
@@ -448,7 +530,7 @@ class SegmentStore:
 
         def read(i: int) -> tuple[int, int]:
             lo, hi = bounds[i], bounds[i + 1]
-            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi])
+            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], READ_RING)
             return err, (row + lo if err else -1)
 
         results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]
@@ -516,12 +598,12 @@ class SegmentStore:
             if not isinstance(exc, DiskError):
                 raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
             raise
-        index = self._index.lookup(ids)
-        old = index >= 0
+        before = len(self._index)      # one probe of the index: the rows it had are those at older slots
+        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
+        old = index < before
         if old.any():
             self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
                                       minlength=len(self._live))
-        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
         self._index.arrays()[0][index, 0] = locs
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)

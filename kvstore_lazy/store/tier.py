@@ -19,7 +19,8 @@ from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, Se
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
-DEMOTE_CHUNK = 1 << 16          # rows written to disk per step of a demotion
+DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
+                                # and sequential, yet a transient of a few MB above the budget)
 _FIXED: list = []
 
 
@@ -144,8 +145,12 @@ class DiskTier:
         try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
             for lo in range(0, len(slots), DEMOTE_CHUNK):
                 rows = table.export(slots[lo:lo + DEMOTE_CHUNK])
-                self.store.put(rows["row_ids"], self._pack(rows))
-                written.append(rows["row_ids"])
+                ids, records = rows["row_ids"], self.store.new_records(rows["row_ids"])
+                self._pack(rows, records["payload"])          # packed in place: one copy of the chunk, not two
+                del rows
+                self.store.put_records(records)
+                del records
+                written.append(ids)
         except (DiskError, SegmentError):
             for ids in written:       # a row is in one tier: those written go again (the table keeps them)
                 self.store.delete(ids)
@@ -161,6 +166,7 @@ class DiskTier:
         self.counters["hits"] += hits
         self.counters["misses"] += misses
 
+    @_fatal
     def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
@@ -168,14 +174,17 @@ class DiskTier:
         ids = as_row_ids(row_ids)
         absent = table.lookup(ids) < 0
         cold = ids[absent]
-        on_disk = cold[self.store.contains(cold)] if len(cold) and len(self.store) else cold[:0]
+        if len(cold) and len(self.store):
+            present, payload, drop = self.store.take_present(cold)     # one probe of the index, one batched read
+            on_disk = cold[present]
+        else:
+            on_disk = cold[:0]
         if count:
             self.count(int(len(ids) - absent.sum()), len(on_disk))
         if not len(on_disk):
             return 0
-        rows = self._unpack(on_disk, self.store.get(on_disk))
-        table.insert_rows(rows)
-        self.store.delete(on_disk)
+        table.insert_rows(self._unpack(on_disk, payload))
+        drop()
         self.counters["promoted"] += len(on_disk)
         return len(on_disk)
 
@@ -207,7 +216,8 @@ class DiskTier:
 
     @_fatal
     def compact(self) -> int:
-        return self.store.compact()
+        """Amortized: the store's garbage ratio over all its segments, the emptiest segments first (compact_store)."""
+        return self.store.compact_store()
 
     # -- sizes
 
@@ -226,8 +236,8 @@ class DiskTier:
 
     # -- records
 
-    def _pack(self, rows: dict) -> np.ndarray:
-        out = np.empty(len(rows["row_ids"]), self.record)
+    def _pack(self, rows: dict, out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty(len(rows["row_ids"]), self.record) if out is None else out
         out["w"] = rows["weights"]
         for i, states in enumerate(rows["states"]):
             out[f"s{i}"] = states

@@ -6,6 +6,11 @@ fresh rows, then runs Zipf(1.2) pull + push steps of B rows per worker over it. 
 the growth over the RSS before the key existed: mxnet is imported for the optimizer pickle), the server's CPU per
 step and its rows/s per worker, and with ``--profile`` the hot spots (cProfile). For tuning the tier; ``make bench``
 (scenario tiered) holds the end-to-end numbers with real workers.
+
+``--rss-trace``: where the RSS peak comes from. The process's high-water mark (VmHWM) is reset
+(``/proc/self/clear_refs``) on entry to each of the tier's and the budget's functions (:data:`TRACED`) and read on
+exit, so each one's own transient above the RSS it started at is exact, not sampled; printed per function with
+the absolute peak and the RSS before the key existed.
 """
 from __future__ import annotations
 
@@ -29,8 +34,81 @@ from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
 
 
 def rss() -> int:
+    return _status("VmRSS")
+
+
+def _status(field: str) -> int:
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+
+# (module, class, method) whose memory transients --rss-trace measures
+TRACED = [("kvstore_lazy.server.lifecycle", "Lifecycle", "enforce_budget"),
+          ("kvstore_lazy.server.keys", "RowSparseKey", "evict"),
+          ("kvstore_lazy.server.keys", "RowSparseKey", "apply"),
+          ("kvstore_lazy.server.keys", "RowSparseKey", "pull"),
+          ("kvstore_lazy.store.tier", "DiskTier", "demote"),
+          ("kvstore_lazy.store.tier", "DiskTier", "promote"),
+          ("kvstore_lazy.store.tier", "DiskTier", "compact"),
+          ("kvstore_lazy.store.segments", "SegmentStore", "put"),
+          ("kvstore_lazy.store.rows", "RowTable", "remove_slots"),
+          ("kvstore_lazy.store.rows", "RowTable", "ensure"),
+          ("kvstore_lazy.store.rows", "RowIndex", "_grow_table"),
+          ("kvstore_lazy.store.rows", "RowIndex", "remove"),
+          ("kvstore_lazy.store.rows", "RowTable", "export"),
+          ("kvstore_lazy.store.rows", "Arena", "grow"),
+          ("kvstore_lazy.store.rows", "Arena", "clear"),
+          ("kvstore_lazy.store.segments", "SegmentStore", "put_records"),
+          ("kvstore_lazy.store.segments", "SegmentStore", "new_records")]
+
+
+class HwmTrace:
+    """Each traced function's peak RSS above the RSS at its entry (VmHWM reset at every entry and exit of a traced
+    call; an inner call passes what it saw on to the calls around it)."""
+
+    def __init__(self) -> None:
+        self.rise: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.peak = 0
+        self.stack: list[list] = []          # [label, rss at entry, max VmHWM seen]
+        for module, cls, name in TRACED:
+            import importlib
+            owner = getattr(importlib.import_module(module), cls)
+            setattr(owner, name, self._wrap(f"{cls}.{name}", getattr(owner, name)))
+
+    @staticmethod
+    def _reset() -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    def _seen(self) -> None:
+        hwm = _status("VmHWM")
+        self.peak = max(self.peak, hwm)
+        for frame in self.stack:
+            frame[2] = max(frame[2], hwm)
+
+    def _wrap(self, label: str, fn):
+        def traced(*args, **kwargs):
+            self._seen()
+            self._reset()
+            self.stack.append([label, _status("VmRSS"), 0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._seen()
+                frame = self.stack.pop()
+                self.rise[label] = max(self.rise.get(label, 0), frame[2] - frame[1])
+                self.calls[label] = self.calls.get(label, 0) + 1
+                self._reset()
+        return traced
+
+    def report(self, base: int) -> str:
+        self._seen()
+        lines = [f"rss trace: peak {self.peak / 2**20:.1f} MiB (VmHWM, exact), {(self.peak - base) / 2**20:.1f} MiB "
+                 "above the RSS before the key; each function's largest rise above its entry RSS:"]
+        for label, rise in sorted(self.rise.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {rise / 2**20:8.1f} MiB  {label} ({self.calls[label]:,} calls)")
+        return "\n".join(lines)
 
 
 def zipf_ids(rng, rows: int, batch: int) -> np.ndarray:
@@ -49,9 +127,17 @@ def main() -> int:
     parser.add_argument("--disk-dir", default=None, help="default: a temp dir")
     parser.add_argument("--steps", type=int, default=30, help="Zipf steps after the fill")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--rss-trace", action="store_true", help="each tier function's RSS transient (VmHWM)")
+    parser.add_argument("--pread", action="store_true", help="read with pread, not an io_uring")
+    parser.add_argument("--read-threads", type=int, default=None, help="segments.READ_THREADS")
     parser.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
     args = parser.parse_args()
     budget = parse_bytes(args.budget)
+    from kvstore_lazy.store import kernels, segments
+    segments.READ_RING = not args.pread
+    segments.READ_THREADS = args.read_threads or segments.READ_THREADS
+    print(f"reads: {'pread' if args.pread or not kernels.uring_available() else 'io_uring'}, "
+          f"{segments.READ_THREADS} threads")
     temp = None if args.disk_dir else tempfile.TemporaryDirectory(prefix="tiered-")   # removed at exit
     disk = args.disk_dir or temp.name
     settings = Settings(memory_budget=budget, disk_dir=disk if budget else "")
@@ -60,6 +146,7 @@ def main() -> int:
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
     base = rss()
+    trace = HwmTrace() if args.rss_trace else None
     rng = np.random.default_rng(0)
     grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
     profile = cProfile.Profile() if args.profile else None
@@ -96,6 +183,10 @@ def main() -> int:
           f"rows/s per worker if the server were the only cost; p99 {np.percentile(cpu, 99) * 1e3:.1f} ms")
     print("stats:", {k: st[k] for k in ("rows", "bytes", "disk_rows", "disk_bytes", "disk_index_bytes", "promoted",
                                         "demoted", "hit_rate") if k in st})
+    if trace:
+        print(trace.report(base))
+    else:
+        print(f"peak RSS (VmHWM) {_status('VmHWM') / 2**20:.1f} MiB")
     if profile:
         pstats.Stats(profile).sort_stats(args.sort).print_stats(24)
     return 0
