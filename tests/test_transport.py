@@ -17,6 +17,7 @@ import time
 import pytest
 import zmq
 
+from cluster import free_port
 from kvstore_lazy.protocol.message import Message, identity_of
 from kvstore_lazy.protocol.pbmeta import Meta
 from kvstore_lazy.transport import zmq_van
@@ -146,9 +147,7 @@ def van_drop_line(caplog) -> str:
 def test_queued_messages_go_out_in_order_once_the_peer_appears(van, ctx):
     # a DEALER whose peer is not listening yet: once ZeroMQ's own queue (SNDHWM, 1000) is full, ps-lite's send
     # blocks; here the rest waits in the van's queue
-    probe = zmq.Context.instance().socket(zmq.ROUTER)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)
+    port = free_port()   # (closed synchronously: a ZeroMQ socket's close may still accept the van's connect)
     van.connect(9, "127.0.0.1", port, identity_of(8))
     started = time.monotonic()
     for ts in range(1500):
@@ -202,9 +201,7 @@ def test_taking_queued_messages_still_services_links_and_queued_sends(van, ctx):
     peer = ctx.socket(zmq.ROUTER)
     port = peer.bind_to_random_port("tcp://127.0.0.1")
     van.connect(1, "127.0.0.1", port, identity_of(8), watch=True)
-    probe = zmq.Context.instance().socket(zmq.ROUTER)
-    late_port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)
+    late_port = free_port()
     van.connect(9, "127.0.0.1", late_port, identity_of(8))
     for ts in range(1200):      # past ZeroMQ's queue to a peer that is not there yet: the rest waits in the van
         van.send(9, message(ts))
