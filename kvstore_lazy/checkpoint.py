@@ -80,6 +80,7 @@ import numpy as np
 
 from .ndfile import Entry, NDFileError, Writer, chunked, read_index, read_row_ids, read_values
 from .initializers import InitializerError, parse_initializer
+from .store.segments import fsync_path
 
 FORMAT = 1
 TAGGED_DIR = "tagged"   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
@@ -93,19 +94,6 @@ class SnapshotError(ValueError):
 
 class CheckpointError(ValueError):
     """A checkpoint or its sidecar that cannot be used as asked (the message names the file and the reason)."""
-
-
-def fsync_path(path) -> None:
-    """fsync a file or a directory by path (a directory's fsync makes a rename in it durable)."""
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _new_temp(path: Path) -> str:
@@ -134,13 +122,13 @@ def atomic_path(path: str | os.PathLike, lazy: dict | None = None) -> Iterator[s
     tmp = _new_temp(path)
     try:
         yield tmp
-        _fsync_dir(Path(tmp))
+        fsync_path(Path(tmp))
         if lazy:
             _write_sidecar(path, tmp, lazy)
         os.replace(tmp, path)
         if lazy is not None and not lazy:
             sidecar_path(path).unlink(missing_ok=True)
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -166,7 +154,7 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
                 continue
             with open(child, "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old")
@@ -174,7 +162,7 @@ def atomic_write_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> N
                 shutil.rmtree(old)
             os.replace(path, old)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:

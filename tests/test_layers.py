@@ -2,7 +2,7 @@
 
 protocol and store import nothing of the project; initializers, optimizers and compression only the store's
 kernels (initializers and optimizers also the compiled fast path, kvstore_lazy.protocol.fast); checkpoint only
-ndfile (MXNet's NDArray files, numpy only) and initializers (to rebuild absent rows);
+ndfile (MXNet's NDArray files, numpy only), initializers (to rebuild absent rows) and the store's fsync_path;
 server imports protocol/store/initializers/optimizers/compression but no zmq, no transport or membership;
 only the runtime wires transport, membership and server together; only worker and integration import mxnet.
 """
@@ -29,7 +29,8 @@ ALLOWED = {
     "kvstore_lazy.transport": {"kvstore_lazy.protocol"},
     "kvstore_lazy.membership": {"kvstore_lazy.protocol"},
     "kvstore_lazy.journal": {"kvstore_lazy.protocol", "kvstore_lazy.checkpoint"},
-    "kvstore_lazy.checkpoint": {"kvstore_lazy.ndfile", "kvstore_lazy.initializers"},   # sidecars and densify
+    "kvstore_lazy.checkpoint": {"kvstore_lazy.ndfile", "kvstore_lazy.initializers",   # sidecars and densify
+                                "kvstore_lazy.store"},                                # (fsync_path)
     "kvstore_lazy.ndfile": set(),
     "kvstore_lazy.promexport": {"kvstore_lazy.protocol"},   # fed by the runtime; reads no server internals
     "kvstore_lazy.node_lifecycle": set(),

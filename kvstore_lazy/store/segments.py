@@ -89,7 +89,8 @@ class DiskError(OSError):
     """Writing to the store's directory failed (full disk, I/O error); names the directory."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path) -> None:
+    """fsync a file or a directory by path (a directory's fsync makes a rename in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -644,7 +645,7 @@ class SegmentStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_path(target.parent)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
