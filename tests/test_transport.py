@@ -5,7 +5,9 @@
 - sends never block: a peer that does not read (or was never there) gets a queue, flushed in order once it reads;
   past the limit it is dropped, logged once, and the other peers keep being served;
 - an address ZeroMQ refuses leaves nothing open, so closing the van cannot hang in context.term();
-- a watched DEALER's link goes down when the peer's process closes its socket.
+- a watched DEALER's link goes down when the peer's process closes its socket;
+- messages received and sent whole by the compiled path (``_fast.recv_message``/``send_message``) are the ones
+  pyzmq's per-part calls give: every test runs with both (``whole``).
 Every receive and wait has a deadline.
 """
 from __future__ import annotations
@@ -24,9 +26,10 @@ from kvstore_lazy.transport import zmq_van
 from kvstore_lazy.transport.zmq_van import ConnectError, ZmqVan
 
 
-@pytest.fixture
-def van():
-    v = ZmqVan()
+@pytest.fixture(params=[True, False], ids=["whole", "pyzmq"])
+def van(request):
+    v = ZmqVan(whole=request.param)
+    assert v.whole == request.param, "the compiled path did not load (zmq_van.native_zmq)"
     v.bind("127.0.0.1", 0)
     yield v
     closer = threading.Thread(target=v.close, daemon=True)
@@ -222,3 +225,34 @@ def test_taking_queued_messages_still_services_links_and_queued_sends(van, ctx):
     assert van.link(1).up, "the watched link's events were never read"
     assert got == list(range(1200)) and van.pending(9) == 0
     assert taken > 0
+
+
+def test_whole_messages_are_the_parts_pyzmq_gives(van, ctx):
+    """Small parts come as bytes and large ones (ZERO_COPY_MIN on) as writable memoryviews that stay valid after
+    later messages; the peer's address, the bytes counted and a large reply (sent through pyzmq's zero-copy path)
+    are those of the per-part path."""
+    port = port_of(van)
+    sock = dealer(ctx, f"tcp://127.0.0.1:{port}", b"ps9")
+    big = bytes(range(256)) * (zmq_van.ZERO_COPY_MIN // 256 + 3)
+    sock.send_multipart([b"meta", b"", big, b"lens"])
+    first = recv(van)
+    sock.send_multipart([b"again", big[::-1]])
+    second = recv(van)
+    assert [type(f) for f in first] == [bytes, bytes, bytes, memoryview, bytes]
+    assert [bytes(f) for f in first] == [b"ps9", b"meta", b"", big, b"lens"] and bytes(second[2]) == big[::-1]
+    assert not first[3].readonly and van.last_peer == "127.0.0.1"
+    assert van.bytes_received == (3 + 4 + len(big) + 4) + (3 + 5 + len(big))
+    peer = ctx.socket(zmq.ROUTER)
+    peer_port = peer.bind_to_random_port("tcp://127.0.0.1")
+    van.connect(1, "127.0.0.1", peer_port, identity_of(8))
+    reply = Message(Meta(head=0, timestamp=7, request=False, data_type=[11, 11]), [b"k" * 8, big])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not peer.poll(50):
+        van.send(1, message(1))       # until the connection is up (nothing queued beyond ZeroMQ's own queue)
+    got = []
+    van.send(1, reply)
+    while time.monotonic() < deadline and (not got or got[-1].meta.timestamp != 7):
+        if peer.poll(50):
+            got.append(Message.from_frames(peer.recv_multipart()))
+    assert got and got[-1].meta.timestamp == 7 and [bytes(d) for d in got[-1].data] == [b"k" * 8, big]
+    assert [m.meta.timestamp for m in got[:-1]] == [1] * (len(got) - 1)
