@@ -202,9 +202,15 @@ class RowInitializer:
             raise InitializerError("unsupported dtype %s (float16/32/64 only)" % dtype)
         ncols = math.prod(shape[1:])
         out = np.empty((row_ids.size, ncols), dtype=dtype)
-        if out.size:
-            self._fill(seed, key, row_ids.astype(np.uint64, copy=False), shape, out)
+        self.fill(seed, key, row_ids.astype(np.uint64, copy=False), shape, out)
         return out
+
+    def fill(self, seed, key, row_ids, shape, out):
+        """:meth:`rows` written into ``out``, for a caller that checked the weight's shape and dtype once (a
+        declared key): ``row_ids`` a 1-D uint64 array, ``out`` a (len(row_ids), prod(shape[1:])) array of a
+        float dtype. The same values, without rows()'s checks on every call."""
+        if out.size:
+            self._fill(seed, key, row_ids, shape, out)
 
     def _fill(self, seed, key, row_ids, shape, out):
         """Fill ``out`` chunk by chunk with ``self._values(states, ncols, shape)``."""
@@ -232,6 +238,9 @@ class ConstantRows(RowInitializer):
 
     def _fill(self, seed, key, row_ids, shape, out):
         v = np.asarray(self.value, dtype=np.float64)
+        if v.ndim == 0:        # zero, one, a scalar: the cast of the one value, everywhere
+            out.fill(v)
+            return
         if v.ndim == len(shape) and v.ndim and v.shape[0] == shape[0] != 1:
             if row_ids.size and int(row_ids.max()) >= shape[0]:
                 raise InitializerError("row id beyond %d rows of constant value" % shape[0])

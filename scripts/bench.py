@@ -94,7 +94,7 @@ PRESETS = {
                        "dense": [["2x3", 100], ["1000x1000", 12]]},
         "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 1_000_000, "optimizer": "adam"},
         "step": {"features": [200_000, 100_000, 50_000, 10_000], "emb_dim": 16, "hidden": [256, 128], "rows": 256,
-                 "steps": 60, "warmup": 10, "optimizer": "adam",
+                 "steps": 60, "warmup": 10, "optimizer": "adam", "repeats": 3,
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         "lifecycle": {"input_dim": 10_000_000, "dim": 8, "fields": 4, "batch": 2048, "steps": 120, "drift": 2,
                       "budget": "8MiB", "snapshot_interval": 1, "probe_wait": 2.5, "env": {}},
@@ -111,7 +111,7 @@ PRESETS = {
                        "dense": [["2x3", 500], ["1000x1000", 60]]},
         "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 10_000_000, "optimizer": "adam"},
         "step": {"features": [2_000_000, 1_000_000, 500_000, 100_000], "emb_dim": 16, "hidden": [256, 128],
-                 "rows": 256, "steps": 300, "warmup": 20, "optimizer": "adam",
+                 "rows": 256, "steps": 300, "warmup": 20, "optimizer": "adam", "repeats": 3,
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         # over 10M rows stored by the unbounded run (input_dim x 8 < 2^31: what a stock worker can declare)
         "lifecycle": {"input_dim": 268_000_000, "dim": 8, "fields": 4, "batch": 8192, "steps": 1200, "drift": 4,
@@ -959,23 +959,38 @@ def step_stats(run: Run) -> dict | None:
             "keys": [per_worker[0]["sparse_keys"], per_worker[0]["dense_keys"]]}
 
 
+def median_stats(rounds: list[dict]) -> dict:
+    """Every figure of step_stats over rounds of one job, as their median."""
+    out = dict(rounds[0])
+    for k in ("steps_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_step"):
+        got = [r[k] for r in rounds if r.get(k) is not None]
+        out[k] = float(np.median(got)) if got else None
+    return out
+
+
 def scenario_step(bench: Bench) -> tuple[str, dict]:
     c = bench.cfg["step"]
     argv = ["--features", ",".join(map(str, c["features"])), "--emb-dim", str(c["emb_dim"]),
             "--hidden", ",".join(map(str, c["hidden"])), "--rows", str(c["rows"]), "--steps", str(c["steps"]),
             "--warmup", str(c["warmup"]), "--optimizer", c["optimizer"]]
-    rows, data, failed = [], [], []
+    rows, data, failed, spreads = [], [], [], []
     for servers, mode in c["configs"]:
         name = f"step-{servers}s-{mode.split('_')[1]}"
-        res = {}
-        for impl in IMPLS:
-            if impl == "stock" and bench.args.no_stock:
-                continue
-            run = bench.job(name, impl, worker("step.py") + ["--server", impl, "--mode", mode] + argv,
-                            num_servers=servers, profile=bench.args.profile, env=STEP_ENV)
-            res[impl] = step_stats(run)
-            if not run.ok:
-                failed.append(f"{name} {impl} FAILED (status {run.status}): {run.log}")
+        rounds: dict[str, list] = {impl: [] for impl in IMPLS}
+        for rep in range(c["repeats"]):   # ours and stock alternate: the machine's load moves both alike
+            for impl in IMPLS:
+                if impl == "stock" and bench.args.no_stock:
+                    continue
+                run = bench.job(f"{name}-r{rep}", impl, worker("step.py") + ["--server", impl, "--mode", mode] + argv,
+                                num_servers=servers, profile=bench.args.profile and rep == 0, env=STEP_ENV)
+                if step_stats(run) is not None:
+                    rounds[impl].append(step_stats(run))
+                if not run.ok:
+                    failed.append(f"{name} round {rep} {impl} FAILED (status {run.status}): {run.log}")
+        res = {impl: median_stats(got) for impl, got in rounds.items() if got}
+        pairs = list(zip(rounds["lazy"], rounds["stock"]))
+        if len(pairs) > 1:
+            spreads.append(f"{name}: " + ", ".join(f"{o['steps_per_s'] / s['steps_per_s']:.2f}x" for o, s in pairs))
         o, s = res.get("lazy") or {}, res.get("stock") or {}
         config = f"{servers} server{'s' if servers > 1 else ''}, {mode}"
         ok = None if not o or not s else o["steps_per_s"] >= 1.3 * s["steps_per_s"]
@@ -989,7 +1004,8 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
         rows.append(["", "server CPU per step (all servers)", ms(o.get("server_cpu_ms_per_step")),
                      ms(s.get("server_cpu_ms_per_step")),
                      ratio(o.get("server_cpu_ms_per_step"), s.get("server_cpu_ms_per_step")), ""])
-        data.append({"servers": servers, "mode": mode, "ours": res.get("lazy"), "stock": res.get("stock")})
+        data.append({"servers": servers, "mode": mode, "ours": res.get("lazy"), "stock": res.get("stock"),
+                     "rounds": rounds})
     layers = [len(c["features"]) * c["emb_dim"]] + c["hidden"] + [1]
     notes = [f"2 workers; {len(c['features'])} features (input_dim {', '.join(f'{n:,}' for n in c['features'])}): "
              f"{len(c['features'])} embeddings (D={c['emb_dim']}) and {len(c['features'])} wide weights (D=1), "
@@ -999,6 +1015,9 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
              f"distinct Zipf ids per feature (the next step's), all queued at once as a Gluon Trainer does, "
              f"waited to completion (scripts/bench_workers/step.py); {c['steps']} steps measured after "
              f"{c['warmup']} warm-up steps",
+             f"each configuration runs {c['repeats']} rounds of one job on our servers then one on stock ones; "
+             f"every figure is the median over the rounds"
+             + (f" (steps/s ours/stock round by round: {'; '.join(spreads)})" if spreads else ""),
              "every node (scheduler, servers, workers) runs with OMP_NUM_THREADS=1, as make demo does",
              "steps/s per worker = 1 / mean step latency, averaged over workers; latency percentiles pool both "
              "workers' steps",

@@ -294,8 +294,9 @@ class RowSparseKey:
             # Not declared: every row arrived at init, so a missing row can only be zero (an empty gradient row of
             # the stock server's dense-shaped rsp); the range check keeps ids within the init rows.
             return self._zeros(row_ids)
-        return self.spec.initializer.rows(self.spec.seed, self.key, row_ids, self.spec.shape,
-                                          self._table.dtype).reshape(len(row_ids), self.row_size)
+        out = np.empty((len(row_ids), self.row_size), self._table.dtype)   # (checked at the declaration)
+        self.spec.initializer.fill(self.spec.seed, self.key, row_ids, self.spec.shape, out)
+        return out
 
     def _open_disk(self, lifecycle: Lifecycle) -> None:
         """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
@@ -394,6 +395,8 @@ class RowSparseKey:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             slots = self._table.lookup(row_ids)
+            if self.disk is None and len(slots) and slots.max() < 0:   # none stored (the fast path's rows)
+                return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             if self.disk is not None:
                 on_disk = self.disk.contains(row_ids[slots < 0]) if len(self.disk) else np.zeros(0, bool)
                 self.disk.count(hits=int((slots >= 0).sum()), misses=int(on_disk.sum()))
