@@ -94,7 +94,7 @@ PRESETS = {
                        "dense": [["2x3", 100], ["1000x1000", 12]]},
         "scale": {"input_dim": 33_000_000, "dim": 64, "batch": 65536, "rows": 1_000_000, "optimizer": "adam"},
         "step": {"features": [200_000, 100_000, 50_000, 10_000], "emb_dim": 16, "hidden": [256, 128], "rows": 256,
-                 "steps": 60, "warmup": 10, "optimizer": "adam", "repeats": 3,
+                 "steps": 150, "warmup": 10, "optimizer": "adam", "repeats": 3,
                  "configs": [[1, "dist_sync"], [1, "dist_async"], [2, "dist_sync"], [2, "dist_async"]]},
         "lifecycle": {"input_dim": 10_000_000, "dim": 8, "fields": 4, "batch": 2048, "steps": 120, "drift": 2,
                       "budget": "8MiB", "snapshot_interval": 1, "probe_wait": 2.5, "env": {}},
