@@ -233,7 +233,7 @@ class ZmqVan:
                 log.error("no connection to node %d; dropping a message (head %s)", node_id, message.meta.head)
             return 0
         frames = message.to_frames()
-        size = sum(len(f) for f in frames)
+        size = sum(map(len, frames))
         queue = self.queues.get(node_id)
         if queue is None and self._try_send(sock, frames, size, self.whole):
             self.bytes_sent += size
@@ -278,7 +278,7 @@ class ZmqVan:
             return
         while queue.messages:
             frames = queue.messages[0]
-            size = sum(len(f) for f in frames)
+            size = sum(map(len, frames))
             if not self._try_send(sock, frames, size, self.whole):
                 return
             queue.messages.popleft()
