@@ -17,6 +17,10 @@ Beyond ps-lite (issue 11):
   :attr:`dropped` names it; every other peer keeps being served.
 - Every received message comes with the TCP address it came from (ZeroMQ's ``Peer-Address`` message property), so
   the caller can check it against the address the scheduler announced for the node the identity names.
+- Messages are received and sent whole, one C call each (``protocol/_fast.c`` ``recv_message``/``send_message`` on
+  the libzmq pyzmq loaded, see :func:`native_zmq`), where pyzmq costs a Python call and a Frame per part: a 256-row
+  pull is received in 5.6 us of CPU instead of 16.1 (``scripts/bench_workers/van_recv.py``). Large parts are still
+  received without a copy and sent through pyzmq's zero-copy path.
 - :meth:`watch` follows a DEALER's connection with a socket monitor: :meth:`link` says whether it is up, and since
   when it is down (how a dead scheduler is noticed at once).
 """
@@ -88,8 +92,9 @@ def _load_native_zmq() -> bool:
 def _batch_io_threads(context: zmq.Context) -> None:
     """ZeroMQ's I/O thread under SCHED_BATCH, where the kernel allows it (tried on a thread of our own first: libzmq
     aborts on a policy it cannot set). Every reply's last part wakes that thread; as a normal thread it preempts the
-    server's own thread at once on a busy machine (a context switch per reply, measured: ~8% of a step job's server
-    CPU), while a batch thread is not favoured on wake-up, so the replies of a drain go out together."""
+    server's own thread at once on a busy machine (a context switch per reply), while a batch thread is not favoured
+    on wake-up, so the replies of a drain go out together. Measured on the step job (1 server, dist_sync, 4
+    alternating rounds): server CPU per step -6%, steps/s +12%."""
     batch = getattr(os, "SCHED_BATCH", None)
     if batch is None or not hasattr(zmq, "THREAD_SCHED_POLICY"):
         return
