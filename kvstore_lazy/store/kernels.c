@@ -480,3 +480,40 @@ void record_checks(const uint32_t *words, int64_t n, int64_t nwords, const uint6
         out[i] = (uint32_t)t;
     }
 }
+
+/* The same check written into each record's own check word (word `at`): sealing records before they are written. */
+void record_seal(uint32_t *words, int64_t n, int64_t nwords, const uint64_t *mult, const uint32_t *locs, int64_t at) {
+    for (int64_t i = 0; i < n; i++) record_checks(words + i * nwords, 1, nwords, mult, locs + i, words + i * nwords + at);
+}
+
+/* Moving whole rows between row arrays and fixed-size records (the disk tier's demote and promote, tier.py): field
+ * f of a record is bytes [off[f], off[f] + bytes[f]) of it, and the row at slot s of array f is bytes[f] bytes at
+ * arrays[f] + s * bytes[f]. kernels.py checks every slot against every array's length and every field against the
+ * record's size first. */
+
+/* Record i = the fields of the rows at slots[i], everything else in it (check word, padding) zero. */
+void gather_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
+                   const int64_t *off, char *records, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        char *rec = records + i * stride;
+        memset(rec, 0, (size_t)stride);
+        for (int64_t f = 0; f < nf; f++)
+            memcpy(rec + off[f], (const char *)(uintptr_t)arrays[f] + slots[i] * bytes[f], (size_t)bytes[f]);
+    }
+}
+
+/* The rows at slots[i] = the fields of record i. */
+void scatter_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
+                    const int64_t *off, const char *records, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *rec = records + i * stride;
+        for (int64_t f = 0; f < nf; f++)
+            memcpy((char *)(uintptr_t)arrays[f] + slots[i] * bytes[f], rec + off[f], (size_t)bytes[f]);
+    }
+}
+
+/* Row dst[i] of an array of rows of `row_bytes` = row src[i] (a table's removal refilling its holes; no row is both
+ * a source and a destination). */
+void move_rows(char *base, int64_t row_bytes, const int64_t *dst, const int64_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) memcpy(base + dst[i] * row_bytes, base + src[i] * row_bytes, (size_t)row_bytes);
+}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kernels
 from .rows import RowTable, as_row_ids
 from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
 
@@ -144,13 +145,14 @@ class DiskTier:
         written: list[np.ndarray] = []
         try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
             for lo in range(0, len(slots), DEMOTE_CHUNK):
-                rows = table.export(slots[lo:lo + DEMOTE_CHUNK])
-                ids, records = rows["row_ids"], self.store.new_records(rows["row_ids"])
-                self._pack(rows, records["payload"])          # packed in place: one copy of the chunk, not two
-                del rows
+                chunk = slots[lo:lo + DEMOTE_CHUNK]
+                ids = table.ids_at(chunk)
+                order = np.argsort(ids, kind="stable")       # records by id, as RowTable.export gives rows
+                records = np.empty(len(chunk), self.store.record_dtype)
+                kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
                 self.store.put_records(records)
                 del records
-                written.append(ids)
+                written.append(ids[order])
         except (DiskError, SegmentError):
             for ids in written:       # a row is in one tier: those written go again (the table keeps them)
                 self.store.delete(ids)
@@ -175,7 +177,7 @@ class DiskTier:
         absent = table.lookup(ids) < 0
         cold = ids[absent]
         if len(cold) and len(self.store):
-            present, payload, drop = self.store.take_present(cold)     # one probe of the index, one batched read
+            present, order, records, drop = self.store.take_records(cold)   # one index probe, one batched read
             on_disk = cold[present]
         else:
             on_disk = cold[:0]
@@ -183,7 +185,12 @@ class DiskTier:
             self.count(int(len(ids) - absent.sum()), len(on_disk))
         if not len(on_disk):
             return 0
-        table.insert_rows(self._unpack(on_disk, payload))
+        # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
+        # one pass: record j is the row of on_disk[order[j]]
+        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(on_disk), table.row_size))
+        slots = table.ensure(on_disk, lambda new: zeros)
+        kernels.scatter_fields(records, slots[order], self._fields(table))
+        table.mark_changed(slots)
         drop()
         self.counters["promoted"] += len(on_disk)
         return len(on_disk)
@@ -235,6 +242,19 @@ class DiskTier:
                 "hit_rate": c["hits"] / touched if touched else 1.0, "expired_disk": c["expired_disk"]}
 
     # -- records
+
+    def _fields(self, table: RowTable, ids: bool = False) -> list:
+        """``(array, byte offset in a record)`` of each part of a row, for kernels.gather_fields/scatter_fields: the
+        table's weights, states and columns (whole arrays by slot: use them at once), with ``ids`` its ids too."""
+        record, payload = self.store.record_dtype, self.record
+        at = record.fields["payload"][1]
+        arrays = table.arrays()
+        fields = [(arrays[0], at + payload.fields["w"][1])]
+        fields += [(arrays[1 + i], at + payload.fields[f"s{i}"][1]) for i in range(table.num_states)]
+        fields += [(table.column(name), at + payload.fields[f"c_{name}"][1]) for name in self.layout[3]]
+        if ids:
+            fields.append((table.row_ids_view(), record.fields["id"][1]))
+        return fields
 
     def _pack(self, rows: dict, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty(len(rows["row_ids"]), self.record) if out is None else out
