@@ -152,6 +152,7 @@ class SegmentStore:
         self._retired: list[str] = []                       # files to delete at the next commit
         self._committed: set[str] = set()                   # segments this directory's index.npz refers to
         self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
+        self.version = 0                                    # +1 at every change of what is stored (writes, drops)
         if _create:
             self.path.mkdir(parents=True, exist_ok=True)
             if (self.path / "store.json").exists() or (self.path / "index.npz").exists():
@@ -260,11 +261,10 @@ class SegmentStore:
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
-        ids = as_row_ids(row_ids)
-        index = self._index.lookup(ids)
-        if (index < 0).any():
-            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
-        return self._read(ids, self._locations(index))["payload"]
+        order, records = self.get_records(row_ids)
+        out = np.empty(len(records), self.record_dtype)
+        out[order] = records
+        return out["payload"]
 
     def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
         """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
@@ -292,6 +292,15 @@ class SegmentStore:
                 self._drop(index)
 
         return present, order, records, drop
+
+    def get_records(self, row_ids) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`get` as whole records in file order: ``(order, records)``, ``records[j]`` (checked) the record of
+        ``row_ids[order[j]]`` (all present: else KeyError)."""
+        ids = as_row_ids(row_ids)
+        index = self._index.lookup(ids)
+        if (index < 0).any():
+            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
+        return self._read_ordered(ids, self._locations(index))
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -638,6 +647,7 @@ class SegmentStore:
             self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
                                       minlength=len(self._live))
         self._index.arrays()[0][index, 0] = locs
+        self.version += 1
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)
 
@@ -655,6 +665,7 @@ class SegmentStore:
         locs = self._locations(index)
         self._live -= np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self._index.remove_slots(index)
+        self.version += 1
 
     def _retire(self, slot: int) -> None:
         fd = self._fds.pop(slot, None)

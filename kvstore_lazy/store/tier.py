@@ -22,6 +22,7 @@ STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
+CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
 
 
@@ -102,6 +103,7 @@ class DiskTier:
                                f"{self.record}")
         self.store = store
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self._cache: tuple | None = None      # (store version, ids ascending, their records): see read
 
     @classmethod
     def open(cls, path, table: RowTable, verify: bool = True,
@@ -176,30 +178,68 @@ class DiskTier:
         ids = as_row_ids(row_ids)
         absent = table.lookup(ids) < 0
         cold = ids[absent]
-        if len(cold) and len(self.store):
-            present, order, records, drop = self.store.take_records(cold)   # one index probe, one batched read
-            on_disk = cold[present]
-        else:
-            on_disk = cold[:0]
+        if not len(cold) or not len(self.store):
+            if count:
+                self.count(int(len(ids) - absent.sum()), 0)
+            return 0
+        cached, cached_records = self._cached(cold)          # read in place since the store last changed
+        present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
+        on_disk = cached.copy()
+        on_disk[~cached] = present
         if count:
-            self.count(int(len(ids) - absent.sum()), len(on_disk))
-        if not len(on_disk):
+            self.count(int(len(ids) - absent.sum()), int(on_disk.sum()))
+        if not on_disk.any():
             return 0
         # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
-        # one pass: record j is the row of on_disk[order[j]]
-        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(on_disk), table.row_size))
-        slots = table.ensure(on_disk, lambda new: zeros)
-        kernels.scatter_fields(records, slots[order], self._fields(table))
-        table.mark_changed(slots)
+        # one pass each: cached_records[j] is the row of cold[cached][j], records[j] of cold[~cached][present][order[j]]
+        moved = cold[on_disk]
+        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
+        slot_of = np.full(len(cold), -1, np.int64)
+        slot_of[on_disk] = table.ensure(moved, lambda new: zeros)
+        fields = self._fields(table)
+        kernels.scatter_fields(cached_records, slot_of[cached], fields)
+        kernels.scatter_fields(records, slot_of[~cached][present][order], fields)
+        del fields
+        table.mark_changed(slot_of[on_disk])
         drop()
-        self.counters["promoted"] += len(on_disk)
-        return len(on_disk)
+        if cached.any():
+            self.store.delete(cold[cached])
+        self._cache = None
+        self.counters["promoted"] += len(moved)
+        return len(moved)
 
     @_fatal
     def read(self, row_ids) -> dict:
-        """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them."""
+        """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them. Their records
+        are kept until the store next changes (at most CACHE_ROWS of them): a promotion of the same rows (the push
+        after a pull that found no room) takes them from there instead of reading them again."""
         ids = as_row_ids(row_ids)
-        return self._unpack(ids, self.store.get(ids))
+        order, records = self.store.get_records(ids)
+        self._remember(ids[order], records)
+        out = np.empty(len(records), self.store.record_dtype)
+        out[order] = records
+        return self._unpack(ids, out["payload"])
+
+    def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
+        version = self.store.version
+        if self._cache is not None and self._cache[0] == version:
+            ids, records = np.concatenate([self._cache[1], ids]), np.concatenate([self._cache[2], records])
+        if len(ids) > CACHE_ROWS:
+            self._cache = None
+            return
+        order = np.argsort(ids, kind="stable")   # (an id read twice has the same record both times)
+        self._cache = (version, ids[order], records[order])
+
+    def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
+        and those records in ``cold``'s order."""
+        if self._cache is None or self._cache[0] != self.store.version or not len(self._cache[1]):
+            self._cache = None
+            return np.zeros(len(cold), bool), np.zeros(0, self.store.record_dtype)
+        _, ids, records = self._cache
+        where = np.minimum(np.searchsorted(ids, cold), len(ids) - 1)
+        hit = ids[where] == cold
+        return hit, records[where[hit]]
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""
