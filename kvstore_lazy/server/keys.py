@@ -395,11 +395,20 @@ class RowSparseKey:
         else:
             slots = self._table.lookup(row_ids)
             if self.disk is not None:
-                on_disk = self.disk.contains(row_ids[slots < 0]) if len(self.disk) else np.zeros(0, bool)
-                self.disk.count(hits=int((slots >= 0).sum()), misses=int(on_disk.sum()))
-                if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
-                    self._promote(row_ids[slots < 0], count=False)   # room under the budget: they come back
+                cold = row_ids[slots < 0]
+                if len(cold) and len(self.disk) and \
+                        self.policy.lifecycle.headroom() >= len(cold) * self._table.row_nbytes:
+                    # room under the budget even if every absent row were on disk: they come back (one probe of
+                    # the disk index; the hit rate counts them as promote finds them)
+                    self.disk.count(hits=len(row_ids) - len(cold))
+                    self.disk.promote(self._table, cold, count=True, absent=True)
                     slots = self._table.lookup(row_ids)
+                else:
+                    on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
+                    self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))
+                    if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
+                        self._promote(cold, count=False)   # room under the budget: they come back
+                        slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0
             rows[present] = self._table.weights(slots[present])

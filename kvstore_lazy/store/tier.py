@@ -171,12 +171,12 @@ class DiskTier:
         self.counters["misses"] += misses
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True) -> int:
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, absent: bool = False) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
-        and the ones found on disk misses."""
+        and the ones found on disk misses. With `absent` the caller knows none of them is in ``table``."""
         ids = as_row_ids(row_ids)
-        absent = table.lookup(ids) < 0
+        absent = np.ones(len(ids), bool) if absent else table.lookup(ids) < 0
         cold = ids[absent]
         if not len(cold) or not len(self.store):
             if count:
