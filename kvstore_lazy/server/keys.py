@@ -401,7 +401,7 @@ class RowSparseKey:
                     # room under the budget even if every absent row were on disk: they come back (one probe of
                     # the disk index; the hit rate counts them as promote finds them)
                     self.disk.count(hits=len(row_ids) - len(cold))
-                    self.disk.promote(self._table, cold, count=True, absent=True)
+                    self.disk.promote(self._table, cold, count=True, known_absent=True)
                     slots = self._table.lookup(row_ids)
                 else:
                     on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
@@ -416,7 +416,7 @@ class RowSparseKey:
                 absent = np.flatnonzero(~present)
                 if self.disk is not None and len(self.disk):   # no room: read where they are, not promoted
                     on_disk = self.disk.contains(row_ids[absent])
-                    rows[absent[on_disk]] = self.disk.read(row_ids[absent[on_disk]])["weights"]
+                    self.disk.read_weights(row_ids[absent[on_disk]], rows, absent[on_disk])
                     absent = absent[~on_disk]
                 rows[absent] = self.initial_rows(row_ids[absent])
         return rows.astype(self.dtype, copy=False).tobytes()

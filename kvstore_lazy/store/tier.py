@@ -171,12 +171,12 @@ class DiskTier:
         self.counters["misses"] += misses
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, absent: bool = False) -> int:
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
-        and the ones found on disk misses. With `absent` the caller knows none of them is in ``table``."""
+        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``."""
         ids = as_row_ids(row_ids)
-        absent = np.ones(len(ids), bool) if absent else table.lookup(ids) < 0
+        absent = np.ones(len(ids), bool) if known_absent else table.lookup(ids) < 0
         cold = ids[absent]
         if not len(cold) or not len(self.store):
             if count:
@@ -219,6 +219,17 @@ class DiskTier:
         out = np.empty(len(records), self.store.record_dtype)
         out[order] = records
         return self._unpack(ids, out["payload"])
+
+    @_fatal
+    def read_weights(self, row_ids, out: np.ndarray, at: np.ndarray) -> None:
+        """:meth:`read`'s weights only, straight into rows ``at`` of ``out`` (a C-contiguous (n, row_size) array
+        of the table's dtype: a pull's reply), the records kept as :meth:`read` keeps them."""
+        ids = as_row_ids(row_ids)
+        order, records = self.store.get_records(ids)
+        self._remember(ids[order], records)
+        at = np.asarray(at, np.int64)
+        w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
+        kernels.scatter_fields(records, at[order], [(out, w)])
 
     def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
         version = self.store.version
