@@ -82,6 +82,14 @@ def test_a_wrong_offset_is_caught_by_the_comparison(tmp_path):
     assert got.tobytes() != numpy_records(tier, table, slots).tobytes()
 
 
+def test_a_table_of_another_layout_is_refused(tmp_path):
+    table = filled_table(*LAYOUTS[0])
+    tier = DiskTier(tmp_path / "t", table)
+    other = filled_table(32, np.float16, 1, LAYOUTS[0][3])
+    with pytest.raises(ValueError, match="not this tier's records"):
+        tier._fields(other)
+
+
 def test_field_kernels_refuse_what_would_touch_memory_outside_the_arrays():
     records = np.zeros(4, np.dtype([("a", "<u8"), ("b", "<f4", (2,))]))
     rows = np.zeros((10, 2), np.float32)

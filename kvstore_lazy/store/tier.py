@@ -297,6 +297,8 @@ class DiskTier:
     def _fields(self, table: RowTable, ids: bool = False) -> list:
         """``(array, byte offset in a record)`` of each part of a row, for kernels.gather_fields/scatter_fields: the
         table's weights, states and columns (whole arrays by slot: use them at once), with ``ids`` its ids too."""
+        if (table.row_size, table.dtype, table.num_states, dict(table.column_dtypes)) != self.layout:
+            raise ValueError(f"disk tier {self.path}: the table's rows are not this tier's records {self.record}")
         record, payload = self.store.record_dtype, self.record
         at = record.fields["payload"][1]
         arrays = table.arrays()
