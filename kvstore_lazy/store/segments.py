@@ -40,10 +40,12 @@ indexed; records it wrote before the failure are unreferenced garbage).
 
 Reads are batched: the records of a batch are read in file order (sorted by segment and offset, adjacent records
 one read) by one C call (:func:`kernels.pread_records`): through an io_uring where the kernel has one (a ring of 256
-reads a system call; page-cache hits complete inline, the rest in parallel in the kernel), else a loop of ``pread``;
-split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. Reads,
-not a memory map: page-cache pages of a mapped file would count in the server's RSS. No per-row Python loop
-anywhere: the loops are over segments.
+reads a system call, kept per thread; page-cache hits complete inline, the rest in parallel in the kernel), else a
+loop of ``pread`` split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several
+requests at once. The records come back in file order (:meth:`SegmentStore.take_records`,
+:meth:`SegmentStore.get_records`: no reorder copy; :meth:`SegmentStore.get` reorders). Reads, not a memory map:
+page-cache pages of a mapped file would count in the server's RSS, and a failed read would be a SIGBUS. No per-row
+Python loop anywhere: the loops are over segments.
 """
 from __future__ import annotations
 
