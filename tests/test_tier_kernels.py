@@ -155,3 +155,42 @@ def test_records_a_pull_read_in_place_are_promoted_without_a_second_read_until_t
     assert rows["states"][0].tobytes() == everything["states"][0][keep].tobytes()
     assert {k: v.tobytes() for k, v in rows["columns"].items()} == \
         {k: v[keep].tobytes() for k, v in everything["columns"].items()}
+
+
+def test_the_kept_io_uring_reads_after_a_failure_and_in_a_forked_child(tmp_path):
+    """pread_records keeps one io_uring per thread: it must read right after a failed call (which drops the ring)
+    and in a forked child (which must set up its own, not use its parent's), and the parent's ring after that."""
+    import os
+    size = 16
+    data = np.arange(64 * size, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    rows = np.array([1, 5, 6, 40, 63], np.int64)
+
+    def read() -> bool:
+        out = np.zeros((len(rows), size), np.uint8)
+        ok = kernels.pread_records(np.full(len(rows), fd, np.int32), rows * size, size, out, True) == (0, -1)
+        return ok and np.array_equal(out, data.reshape(64, size)[rows])
+
+    try:
+        assert read()
+        past = np.array([2, 70], np.int64)
+        assert kernels.pread_records(np.full(2, fd, np.int32), past * size, size, np.zeros((2, size), np.uint8),
+                                     True) == (-1, 1)
+        assert read()
+        pid = os.fork()
+        if pid == 0:                      # the child: exit status 0 only if its read was right
+            os._exit(0 if read() else 1)
+        import signal
+        import time
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child did not finish its read within 30 s")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert read()
+    finally:
+        os.close(fd)
