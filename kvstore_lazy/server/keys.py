@@ -398,11 +398,20 @@ class RowSparseKey:
             if self.disk is None and len(slots) and slots.max() < 0:   # none stored (the fast path's rows)
                 return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             if self.disk is not None:
-                on_disk = self.disk.contains(row_ids[slots < 0]) if len(self.disk) else np.zeros(0, bool)
-                self.disk.count(hits=int((slots >= 0).sum()), misses=int(on_disk.sum()))
-                if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
-                    self._promote(row_ids[slots < 0], count=False)   # room under the budget: they come back
+                cold = row_ids[slots < 0]
+                if len(cold) and len(self.disk) and \
+                        self.policy.lifecycle.headroom() >= len(cold) * self._table.row_nbytes:
+                    # room under the budget even if every absent row were on disk: they come back (one probe of
+                    # the disk index; the hit rate counts them as promote finds them)
+                    self.disk.count(hits=len(row_ids) - len(cold))
+                    self.disk.promote(self._table, cold, count=True, known_absent=True)
                     slots = self._table.lookup(row_ids)
+                else:
+                    on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
+                    self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))
+                    if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
+                        self._promote(cold, count=False)   # room under the budget: they come back
+                        slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0
             rows[present] = self._table.weights(slots[present])
@@ -410,7 +419,7 @@ class RowSparseKey:
                 absent = np.flatnonzero(~present)
                 if self.disk is not None and len(self.disk):   # no room: read where they are, not promoted
                     on_disk = self.disk.contains(row_ids[absent])
-                    rows[absent[on_disk]] = self.disk.read(row_ids[absent[on_disk]])["weights"]
+                    self.disk.read_weights(row_ids[absent[on_disk]], rows, absent[on_disk])
                     absent = absent[~on_disk]
                 rows[absent] = self.initial_rows(row_ids[absent])
         return rows.astype(self.dtype, copy=False).tobytes()

@@ -321,9 +321,9 @@ static int64_t pread_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
 }
 
 #ifdef HAVE_URING
-/* One io_uring for one call (set up and torn down by it: no state between calls, nothing shared by threads). The
- * reads of a batch go to the kernel a ring at a time in one io_uring_enter each instead of one pread system call a
- * record; page-cache hits complete inline, misses run in the kernel's workers in parallel. */
+/* An io_uring per thread (ring_of_thread: nothing shared by threads). The reads of a batch go to the kernel a ring
+ * at a time in one io_uring_enter each instead of one pread system call a record; page-cache hits complete inline,
+ * misses run in the kernel's workers in parallel. */
 #define RING_ENTRIES 256u
 #define RUN_BITS 20
 struct ring {
@@ -377,10 +377,27 @@ static int ring_open(struct ring *r) {
 
 /* pread_loop through a ring; -2 if no ring could be set up (the caller falls back). Every read submitted is
  * reaped before it returns, also after a failure (the lowest failing row is reported, as pread_loop would). */
+/* Each thread's ring, set up by its first batch and kept (setting one up costs ~50 us, a batch of reads a few
+ * ms): empty between calls (every read is reaped before a call returns), dropped after any failure, and set up
+ * anew in a forked child (pid), which must not share its parent's ring. A thread that ends leaves its ring open
+ * (one fd and three small mappings): the server reads from its main thread; the pread threads use no ring. */
+static __thread struct ring thread_ring;
+static __thread pid_t thread_ring_pid;
+
+static struct ring *ring_of_thread(void) {
+    pid_t pid = getpid();
+    if (thread_ring_pid != pid) {
+        if (ring_open(&thread_ring)) return NULL;
+        thread_ring_pid = pid;
+    }
+    return &thread_ring;
+}
+
 static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
                           int64_t *failed) {
-    struct ring r;
-    if (ring_open(&r)) return -2;
+    struct ring *kept = ring_of_thread();
+    if (!kept) return -2;
+    struct ring r = *kept;
     int64_t i = 0, err = 0, bad = INT64_MAX, max_run = ((int64_t)1 << RUN_BITS) - 1;
     if (max_run * size > ((int64_t)1 << 30)) max_run = size < ((int64_t)1 << 30) ? ((int64_t)1 << 30) / size : 1;
     unsigned inflight = 0, unsubmitted = 0;
@@ -427,7 +444,10 @@ static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
         }
         __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
     }
-    ring_close(&r);
+    if (err || unsubmitted) {          /* the ring may hold what a failed call left: set up a new one next time */
+        ring_close(kept);
+        thread_ring_pid = 0;
+    }
     if (err) *failed = bad;
     return err;
 }
@@ -479,4 +499,41 @@ void record_checks(const uint32_t *words, int64_t n, int64_t nwords, const uint6
         t ^= t >> 32;
         out[i] = (uint32_t)t;
     }
+}
+
+/* The same check written into each record's own check word (word `at`): sealing records before they are written. */
+void record_seal(uint32_t *words, int64_t n, int64_t nwords, const uint64_t *mult, const uint32_t *locs, int64_t at) {
+    for (int64_t i = 0; i < n; i++) record_checks(words + i * nwords, 1, nwords, mult, locs + i, words + i * nwords + at);
+}
+
+/* Moving whole rows between row arrays and fixed-size records (the disk tier's demote and promote, tier.py): field
+ * f of a record is bytes [off[f], off[f] + bytes[f]) of it, and the row at slot s of array f is bytes[f] bytes at
+ * arrays[f] + s * bytes[f]. kernels.py checks every slot against every array's length and every field against the
+ * record's size first. */
+
+/* Record i = the fields of the rows at slots[i], everything else in it (check word, padding) zero. */
+void gather_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
+                   const int64_t *off, char *records, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        char *rec = records + i * stride;
+        memset(rec, 0, (size_t)stride);
+        for (int64_t f = 0; f < nf; f++)
+            memcpy(rec + off[f], (const char *)(uintptr_t)arrays[f] + slots[i] * bytes[f], (size_t)bytes[f]);
+    }
+}
+
+/* The rows at slots[i] = the fields of record i. */
+void scatter_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
+                    const int64_t *off, const char *records, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *rec = records + i * stride;
+        for (int64_t f = 0; f < nf; f++)
+            memcpy((char *)(uintptr_t)arrays[f] + slots[i] * bytes[f], rec + off[f], (size_t)bytes[f]);
+    }
+}
+
+/* Row dst[i] of an array of rows of `row_bytes` = row src[i] (a table's removal refilling its holes; no row is both
+ * a source and a destination). */
+void move_rows(char *base, int64_t row_bytes, const int64_t *dst, const int64_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) memcpy(base + dst[i] * row_bytes, base + src[i] * row_bytes, (size_t)row_bytes);
 }

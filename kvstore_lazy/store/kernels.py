@@ -44,6 +44,10 @@ _SIGNATURES = {
     "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
     "uring_available": [],
     "record_checks": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
+    "record_seal": [_ptr, _i64, _i64, _ptr, _ptr, _i64],
+    "gather_fields": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
+    "scatter_fields": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
+    "move_rows": [_ptr, _i64, _ptr, _ptr, _i64],
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
@@ -257,6 +261,72 @@ def record_checks(words: np.ndarray, mult: np.ndarray, locs: np.ndarray) -> np.n
     out = np.empty(len(words), np.uint32)
     _lib.record_checks(_addr(words), words.shape[0], words.shape[1], _addr(mult), _addr(locs), _addr(out))
     return out
+
+
+def record_seal(words: np.ndarray, mult: np.ndarray, locs: np.ndarray, at: int) -> None:
+    """Write :func:`record_checks` of each row of ``words`` ((n, nwords) uint32, C-contiguous, writable) into its
+    word ``at`` (which the check itself skips: ``mult[at]`` is 0)."""
+    mult, locs = np.ascontiguousarray(mult, np.uint64), np.ascontiguousarray(locs, np.uint32)
+    if (words.dtype != np.uint32 or words.ndim != 2 or not words.flags.c_contiguous or not words.flags.writeable
+            or mult.shape != (words.shape[1],) or locs.shape != (words.shape[0],) or not 0 <= at < words.shape[1]
+            or mult[at] != 0):
+        raise ValueError(f"record_seal: words {words.dtype} {words.shape}, mult {mult.shape}, locs {locs.shape}, "
+                         f"check word {at}")
+    _lib.record_seal(_addr(words), words.shape[0], words.shape[1], _addr(mult), _addr(locs), int(at))
+
+
+def _field_plan(records: np.ndarray, slots, fields: list, write_arrays: bool) -> tuple:
+    """Checked arguments of gather_fields/scatter_fields: ``fields`` is ``[(array, offset)]``, each array a
+    C-contiguous array whose first axis is slots (its rows ``array[s]`` of ``strides[0]`` bytes), ``offset`` where
+    that row sits in a record."""
+    slots = np.ascontiguousarray(slots, np.int64)
+    if records.ndim != 1 or not records.flags.c_contiguous or len(records) != len(slots) \
+            or (not write_arrays and not records.flags.writeable):
+        raise ValueError(f"records of shape {records.shape} for {len(slots)} slots (want a C-contiguous, "
+                         f"{'readable' if write_arrays else 'writable'} 1-D array)")
+    stride = records.dtype.itemsize
+    addrs, sizes, offs = (np.empty(len(fields), t) for t in (np.uint64, np.int64, np.int64))
+    low = int(slots.min()) if len(slots) else 0
+    high = int(slots.max()) if len(slots) else -1
+    for f, (array, offset) in enumerate(fields):
+        size = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+        if not array.flags.c_contiguous or (write_arrays and not array.flags.writeable) or array.ndim < 1:
+            raise ValueError(f"field {f}: the array must be C-contiguous{' and writable' if write_arrays else ''}")
+        if not 0 <= offset <= stride - size:
+            raise ValueError(f"field {f}: {size} bytes at offset {offset} do not fit a record of {stride}")
+        if low < 0 or high >= len(array):
+            raise IndexError(f"field {f}: slot out of range [0, {len(array)})")
+        addrs[f], sizes[f], offs[f] = _addr(array), size, offset
+    return slots, addrs, sizes, offs, stride
+
+
+def gather_fields(records: np.ndarray, slots, fields: list) -> None:
+    """``records[i]`` = the rows ``array[slots[i]]`` of each ``(array, offset)`` of ``fields`` at their offsets in
+    it, every other byte of it zero: a record packed from row arrays in one pass (no structured field copies)."""
+    slots, addrs, sizes, offs, stride = _field_plan(records, slots, fields, False)
+    _lib.gather_fields(_addr(slots), len(slots), len(fields), _addr(addrs), _addr(sizes), _addr(offs),
+                       _addr(records), stride)
+
+
+def scatter_fields(records: np.ndarray, slots, fields: list) -> None:
+    """The reverse of :func:`gather_fields`: ``array[slots[i]]`` = the bytes of ``records[i]`` at its offset, for each
+    ``(array, offset)`` of ``fields``."""
+    slots, addrs, sizes, offs, stride = _field_plan(records, slots, fields, True)
+    _lib.scatter_fields(_addr(slots), len(slots), len(fields), _addr(addrs), _addr(sizes), _addr(offs),
+                        _addr(records), stride)
+
+
+def move_rows(array: np.ndarray, dst, src) -> None:
+    """``array[dst[i]] = array[src[i]]`` for whole rows (first axis) of a C-contiguous array, no slot both a source
+    and a destination (a table's removal moving its last rows into the holes)."""
+    dst, src = np.ascontiguousarray(dst, np.int64), np.ascontiguousarray(src, np.int64)
+    if len(dst) != len(src) or not array.flags.c_contiguous or not array.flags.writeable or array.ndim < 1:
+        raise ValueError(f"move_rows: {len(dst)} destinations for {len(src)} sources in a writable C-contiguous array")
+    if len(dst) and (min(dst.min(), src.min()) < 0 or max(dst.max(), src.max()) >= len(array)):
+        raise IndexError(f"move_rows: slot out of range [0, {len(array)})")
+    if len(dst):
+        _lib.move_rows(_addr(array), array.strides[0] if array.ndim else array.itemsize, _addr(dst), _addr(src),
+                       len(dst))
 
 
 if __name__ == "__main__":

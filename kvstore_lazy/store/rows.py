@@ -14,7 +14,7 @@ This module owns two things:
 
 Removal keeps slots dense (swap-with-last): the removed slots below the new length are refilled with the live rows
 above it, whose bucket and ``keys`` entry follow them; the removed buckets are emptied by backward-shift deletion,
-so probe runs stay unbroken without tombstones. Everything is one C pass plus one ``take``/``put`` per arena. The
+so probe runs stay unbroken without tombstones. Everything is one C pass over the index plus one per arena. The
 vacated tail is zeroed and its whole pages handed back to the kernel (``madvise(MADV_DONTNEED)``), so resident
 memory falls with the rows and the next rows reuse those slots: a table whose row count is bounded has bounded
 memory. Slot order therefore depends on history; everything that leaves the table (:meth:`RowTable.items`,
@@ -55,7 +55,6 @@ MAX_LOAD = 0.5
 ARENA_GROWTH = 2
 
 _MIN_BUCKETS = 8
-_MOVE_CHUNK = 1 << 16            # rows moved per take/put when a removal refills slots
 _MAX_INT32_SLOTS = 2**31  # tables that may hold this many rows use int64 slots
 
 
@@ -367,8 +366,7 @@ class RowTable:
         ids = self._index.ids_at(self._slots(slots)).copy()
         holes, movers = self._index.remove(slots)
         for arena in self._all_arenas():
-            for lo in range(0, len(holes), _MOVE_CHUNK):    # in chunks: the temporary copy stays small
-                arena.put(holes[lo:lo + _MOVE_CHUNK], arena.take(movers[lo:lo + _MOVE_CHUNK]))
+            kernels.move_rows(arena.array, holes, movers)   # row by row in place: no temporary copy
             arena.clear(len(self), n)
         if self._changed is not None:
             self._removed.append(ids)

@@ -40,10 +40,12 @@ indexed; records it wrote before the failure are unreferenced garbage).
 
 Reads are batched: the records of a batch are read in file order (sorted by segment and offset, adjacent records
 one read) by one C call (:func:`kernels.pread_records`): through an io_uring where the kernel has one (a ring of 256
-reads a system call; page-cache hits complete inline, the rest in parallel in the kernel), else a loop of ``pread``;
-split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several requests at once. Reads,
-not a memory map: page-cache pages of a mapped file would count in the server's RSS. No per-row Python loop
-anywhere: the loops are over segments.
+reads a system call, kept per thread; page-cache hits complete inline, the rest in parallel in the kernel), else a
+loop of ``pread`` split over up to ``READ_THREADS`` threads (ctypes releases the GIL), so an SSD sees several
+requests at once. The records come back in file order (:meth:`SegmentStore.take_records`,
+:meth:`SegmentStore.get_records`: no reorder copy; :meth:`SegmentStore.get` reorders). Reads, not a memory map:
+page-cache pages of a mapped file would count in the server's RSS, and a failed read would be a SIGBUS. No per-row
+Python loop anywhere: the loops are over segments.
 """
 from __future__ import annotations
 
@@ -72,6 +74,14 @@ READ_RING = True                # through an io_uring where the kernel has one (
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
+_RING: list = []
+
+
+def _uring() -> bool:
+    """kernels.uring_available(), asked once per process (it sets up and tears down a ring)."""
+    if not _RING:
+        _RING.append(kernels.uring_available())
+    return _RING[0]
 
 
 def _pool():
@@ -144,6 +154,7 @@ class SegmentStore:
         self._retired: list[str] = []                       # files to delete at the next commit
         self._committed: set[str] = set()                   # segments this directory's index.npz refers to
         self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
+        self.version = 0                                    # +1 at every change of what is stored (writes, drops)
         if _create:
             self.path.mkdir(parents=True, exist_ok=True)
             if (self.path / "store.json").exists() or (self.path / "index.npz").exists():
@@ -248,30 +259,50 @@ class SegmentStore:
         if records.dtype != self.record_dtype or records.ndim != 1:
             raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
         if len(records):
-            self._append(records)
+            self._append(np.ascontiguousarray(records))
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
-        ids = as_row_ids(row_ids)
-        index = self._index.lookup(ids)
-        if (index < 0).any():
-            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
-        return self._read(ids, self._locations(index))["payload"]
+        order, records = self.get_records(row_ids)
+        out = np.empty(len(records), self.record_dtype)
+        out[order] = records
+        return out["payload"]
 
     def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
         """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
         their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
         changes the store). For moving rows out: read, place them elsewhere, then drop."""
-        index = self._index.lookup(as_row_ids(row_ids))
+        present, order, records, drop = self.take_records(row_ids)
+        out = np.empty(len(records), self.record_dtype)
+        out[order] = records
+        return present, out["payload"], drop
+
+    def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[], None]]:
+        """:meth:`take_present` as whole records in file order, without reordering them: ``(present, order, records,
+        drop)``, ``records[j]`` (checked) the record of ``row_ids[present][order[j]]``."""
+        ids = as_row_ids(row_ids)
+        index = self._index.lookup(ids)
         present = index >= 0
         index = index[present]
-        payload = self._read(as_row_ids(row_ids)[present], self._locations(index))["payload"] if len(index) \
-            else np.zeros(0, self.payload_dtype)
+        if len(index):
+            order, records = self._read_ordered(ids[present], self._locations(index))
+        else:
+            order, records = np.zeros(0, np.int64), np.zeros(0, self.record_dtype)
+
         def drop() -> None:
             if len(index):
                 self._drop(index)
 
-        return present, payload, drop
+        return present, order, records, drop
+
+    def get_records(self, row_ids) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`get` as whole records in file order: ``(order, records)``, ``records[j]`` (checked) the record of
+        ``row_ids[order[j]]`` (all present: else KeyError)."""
+        ids = as_row_ids(row_ids)
+        index = self._index.lookup(ids)
+        if (index < 0).any():
+            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
+        return self._read_ordered(ids, self._locations(index))
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -487,15 +518,26 @@ class SegmentStore:
     def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
         """The records at ``locs`` (of ``ids``), checked (all at once: a damage names the lowest segment that has
         one, and its first damaged record in ``ids`` order), in their order."""
+        order, got = self._read_ordered(ids, locs)
+        out = np.empty(len(got), self.record_dtype)
+        out[order] = got
+        return out
+
+    def _read_ordered(self, ids: np.ndarray, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, records)``: the records at ``locs`` (of ``ids``) in file order, ``records[j]`` the one of
+        ``ids[order[j]]``, checked as :meth:`_read` says."""
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        out = self._pread(slots, offsets, locs)
-        bad = (self._checks(out, locs) != out["check"]) | (out["id"] != ids)
-        if bad.any():
+        order = np.argsort(locs, kind="stable")              # by segment slot, then offset
+        got = self._pread(slots[order], offsets[order])
+        sorted_bad = (self._checks(got, locs[order]) != got["check"]) | (got["id"] != ids[order])
+        if sorted_bad.any():
+            bad = np.zeros(len(ids), bool)
+            bad[order[sorted_bad]] = True
             slot = int(slots[bad].min())
             self._refuse(slot, offsets[bad & (slots == slot)])
         self.counters["records_read"] += len(ids)
-        return out
+        return order, got
 
     def _read_segment(self, slot: int) -> np.ndarray:
         """All records written to a segment, in one read (straight into the array returned)."""
@@ -514,36 +556,36 @@ class SegmentStore:
             raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.record_bytes}")
         return out
 
-    def _pread(self, slots: np.ndarray, offsets: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        """Records at (slot, offset) pairs (``locs``: the same as locations), read in file order by up to
-        READ_THREADS threads (the C loop releases the GIL; adjacent records are one read)."""
-        out = np.empty(len(slots), self.record_dtype)
+    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Records at (slot, offset) pairs in file order (sorted by slot, then offset: adjacent records are one
+        read), straight into the array returned. Through an io_uring one call reads them all (the kernel serves the
+        reads that miss the page cache in parallel); with pread, up to READ_THREADS threads split them (the C loop
+        releases the GIL)."""
+        got = np.empty(len(slots), self.record_dtype)
         if not len(slots):
-            return out
-        order = np.argsort(locs, kind="stable")              # by segment slot, then offset
-        fd_of = np.full(int(slots.max()) + 1, -1, np.int32)
+            return got
+        fd_of = np.full(int(slots[-1]) + 1, -1, np.int32)
         for slot in np.unique(slots):
             fd_of[slot] = self._fd(int(slot))
-        fds, where = fd_of[slots[order]], offsets[order] * self.record_bytes
-        got = np.empty(len(slots), self.record_dtype)
-        parts = max(1, min(READ_THREADS, len(slots) // READ_SPLIT))
+        fds, where = fd_of[slots], offsets * self.record_bytes
+        ring = READ_RING and _uring()
+        parts = 1 if ring else max(1, min(READ_THREADS, len(slots) // READ_SPLIT))
         bounds = np.linspace(0, len(slots), parts + 1).astype(np.int64)
 
         def read(i: int) -> tuple[int, int]:
             lo, hi = bounds[i], bounds[i + 1]
-            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], READ_RING)
+            err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], ring)
             return err, (row + lo if err else -1)
 
         results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]
         for err, row in results:
             if err:
-                slot = int(slots[order][row])
+                slot = int(slots[row])
                 file = self.path / self._names[slot]
                 if err < 0:
-                    raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[order][row])}")
+                    raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[row])}")
                 raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
-        out[order] = got
-        return out
+        return got
 
     def _new_segment(self) -> int:
         free = np.flatnonzero(np.isin(np.arange(len(self._live) + 1), list(self._names), invert=True))
@@ -589,7 +631,8 @@ class SegmentStore:
                 part = records[placed:placed + n]
                 offsets = np.arange(start, start + n, dtype=np.uint32)
                 locs[placed:placed + n] = offsets | np.uint32(slot << self._shift)
-                part["check"] = self._checks(part, locs[placed:placed + n])
+                kernels.record_seal(part.view(np.uint32).reshape(n, self._words), self._mult,
+                                    locs[placed:placed + n], 2)        # the check word (after the 8-byte id)
                 self._pwrite(slot, part, start)
                 self._fill[slot] = start + n
                 self._dirty.add(self._names[slot])
@@ -606,6 +649,7 @@ class SegmentStore:
             self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
                                       minlength=len(self._live))
         self._index.arrays()[0][index, 0] = locs
+        self.version += 1
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)
 
@@ -623,6 +667,7 @@ class SegmentStore:
         locs = self._locations(index)
         self._live -= np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self._index.remove_slots(index)
+        self.version += 1
 
     def _retire(self, slot: int) -> None:
         fd = self._fds.pop(slot, None)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kernels
 from .rows import RowTable, as_row_ids
 from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
 
@@ -21,6 +22,7 @@ STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
+CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
 
 
@@ -101,6 +103,7 @@ class DiskTier:
                                f"{self.record}")
         self.store = store
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self._cache: tuple | None = None      # (store version, ids ascending, their records): see read
 
     @classmethod
     def open(cls, path, table: RowTable, verify: bool = True,
@@ -144,13 +147,14 @@ class DiskTier:
         written: list[np.ndarray] = []
         try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
             for lo in range(0, len(slots), DEMOTE_CHUNK):
-                rows = table.export(slots[lo:lo + DEMOTE_CHUNK])
-                ids, records = rows["row_ids"], self.store.new_records(rows["row_ids"])
-                self._pack(rows, records["payload"])          # packed in place: one copy of the chunk, not two
-                del rows
+                chunk = slots[lo:lo + DEMOTE_CHUNK]
+                ids = table.ids_at(chunk)
+                order = np.argsort(ids, kind="stable")       # records by id, as RowTable.export gives rows
+                records = np.empty(len(chunk), self.store.record_dtype)
+                kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
                 self.store.put_records(records)
                 del records
-                written.append(ids)
+                written.append(ids[order])
         except (DiskError, SegmentError):
             for ids in written:       # a row is in one tier: those written go again (the table keeps them)
                 self.store.delete(ids)
@@ -167,32 +171,86 @@ class DiskTier:
         self.counters["misses"] += misses
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True) -> int:
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
-        and the ones found on disk misses."""
+        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``."""
         ids = as_row_ids(row_ids)
-        absent = table.lookup(ids) < 0
+        absent = np.ones(len(ids), bool) if known_absent else table.lookup(ids) < 0
         cold = ids[absent]
-        if len(cold) and len(self.store):
-            present, payload, drop = self.store.take_present(cold)     # one probe of the index, one batched read
-            on_disk = cold[present]
-        else:
-            on_disk = cold[:0]
-        if count:
-            self.count(int(len(ids) - absent.sum()), len(on_disk))
-        if not len(on_disk):
+        if not len(cold) or not len(self.store):
+            if count:
+                self.count(int(len(ids) - absent.sum()), 0)
             return 0
-        table.insert_rows(self._unpack(on_disk, payload))
+        cached, cached_records = self._cached(cold)          # read in place since the store last changed
+        present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
+        on_disk = cached.copy()
+        on_disk[~cached] = present
+        if count:
+            self.count(int(len(ids) - absent.sum()), int(on_disk.sum()))
+        if not on_disk.any():
+            return 0
+        # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
+        # one pass each: cached_records[j] is the row of cold[cached][j], records[j] of cold[~cached][present][order[j]]
+        moved = cold[on_disk]
+        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
+        slot_of = np.full(len(cold), -1, np.int64)
+        slot_of[on_disk] = table.ensure(moved, lambda new: zeros)
+        fields = self._fields(table)
+        kernels.scatter_fields(cached_records, slot_of[cached], fields)
+        kernels.scatter_fields(records, slot_of[~cached][present][order], fields)
+        del fields
+        table.mark_changed(slot_of[on_disk])
         drop()
-        self.counters["promoted"] += len(on_disk)
-        return len(on_disk)
+        if cached.any():
+            self.store.delete(cold[cached])
+        self._cache = None
+        self.counters["promoted"] += len(moved)
+        return len(moved)
 
     @_fatal
     def read(self, row_ids) -> dict:
-        """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them."""
+        """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them. Their records
+        are kept until the store next changes (at most CACHE_ROWS of them): a promotion of the same rows (the push
+        after a pull that found no room) takes them from there instead of reading them again."""
         ids = as_row_ids(row_ids)
-        return self._unpack(ids, self.store.get(ids))
+        order, records = self.store.get_records(ids)
+        self._remember(ids[order], records)
+        out = np.empty(len(records), self.store.record_dtype)
+        out[order] = records
+        return self._unpack(ids, out["payload"])
+
+    @_fatal
+    def read_weights(self, row_ids, out: np.ndarray, at: np.ndarray) -> None:
+        """:meth:`read`'s weights only, straight into rows ``at`` of ``out`` (a C-contiguous (n, row_size) array
+        of the table's dtype: a pull's reply), the records kept as :meth:`read` keeps them."""
+        ids = as_row_ids(row_ids)
+        order, records = self.store.get_records(ids)
+        self._remember(ids[order], records)
+        at = np.asarray(at, np.int64)
+        w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
+        kernels.scatter_fields(records, at[order], [(out, w)])
+
+    def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
+        version = self.store.version
+        if self._cache is not None and self._cache[0] == version:
+            ids, records = np.concatenate([self._cache[1], ids]), np.concatenate([self._cache[2], records])
+        if len(ids) > CACHE_ROWS:
+            self._cache = None
+            return
+        order = np.argsort(ids, kind="stable")   # (an id read twice has the same record both times)
+        self._cache = (version, ids[order], records[order])
+
+    def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
+        and those records in ``cold``'s order."""
+        if self._cache is None or self._cache[0] != self.store.version or not len(self._cache[1]):
+            self._cache = None
+            return np.zeros(len(cold), bool), np.zeros(0, self.store.record_dtype)
+        _, ids, records = self._cache
+        where = np.minimum(np.searchsorted(ids, cold), len(ids) - 1)
+        hit = ids[where] == cold
+        return hit, records[where[hit]]
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""
@@ -235,6 +293,21 @@ class DiskTier:
                 "hit_rate": c["hits"] / touched if touched else 1.0, "expired_disk": c["expired_disk"]}
 
     # -- records
+
+    def _fields(self, table: RowTable, ids: bool = False) -> list:
+        """``(array, byte offset in a record)`` of each part of a row, for kernels.gather_fields/scatter_fields: the
+        table's weights, states and columns (whole arrays by slot: use them at once), with ``ids`` its ids too."""
+        if (table.row_size, table.dtype, table.num_states, dict(table.column_dtypes)) != self.layout:
+            raise ValueError(f"disk tier {self.path}: the table's rows are not this tier's records {self.record}")
+        record, payload = self.store.record_dtype, self.record
+        at = record.fields["payload"][1]
+        arrays = table.arrays()
+        fields = [(arrays[0], at + payload.fields["w"][1])]
+        fields += [(arrays[1 + i], at + payload.fields[f"s{i}"][1]) for i in range(table.num_states)]
+        fields += [(table.column(name), at + payload.fields[f"c_{name}"][1]) for name in self.layout[3]]
+        if ids:
+            fields.append((table.row_ids_view(), record.fields["id"][1]))
+        return fields
 
     def _pack(self, rows: dict, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty(len(rows["row_ids"]), self.record) if out is None else out

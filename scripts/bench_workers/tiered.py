@@ -118,6 +118,16 @@ def zipf_ids(rng, rows: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
+def moved(server) -> dict:
+    """The tier's counters of rows moved and records read/written so far (empty without a tier)."""
+    disk = server.keys[KEY].disk
+    if disk is None:
+        return {}
+    return {"promoted": disk.counters["promoted"], "demoted": disk.counters["demoted"],
+            "records_read": disk.store.counters["records_read"],
+            "records_written": disk.store.counters["records_written"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -151,12 +161,15 @@ def main() -> int:
     grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
     profile = cProfile.Profile() if args.profile else None
 
+    walls: list[float] = []
+
     def step(ids_per_worker) -> float:
-        t = time.process_time()
+        t, wall = time.process_time(), time.perf_counter()
         for w, ids in zip(workers, ids_per_worker):
             handle(w.rows(ids, None))
         for w, ids in zip(workers, ids_per_worker):
             handle(w.rows(ids, grad[:len(ids)]))
+        walls.append(time.perf_counter() - wall)
         return time.process_time() - t
 
     peak, order = base, rng.permutation(args.rows)
@@ -168,11 +181,14 @@ def main() -> int:
         fill_cpu += step([np.sort(part[i::len(workers)]) for i in range(len(workers))])
         peak = max(peak, rss())
     fill_wall = time.perf_counter() - t
+    before = moved(server)
     if profile:                 # the Zipf phase only
         profile.enable()
+    walls.clear()
     cpu = [step([zipf_ids(rng, args.rows, args.batch) for _ in workers]) for _ in range(args.steps)]
     if profile:
         profile.disable()
+    after = moved(server)
     peak = max(peak, rss())
     st = server.stats()["sparse"][str(KEY)]
     print(f"{args.rows:,} rows of D={args.dim} (SGD momentum), budget {args.budget}, disk {disk if budget else '-'}")
@@ -180,9 +196,13 @@ def main() -> int:
           f"per step; RSS before the key {base / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB (growth "
           f"{(peak - base) / 2**20:.1f} MiB)")
     print(f"zipf: {np.mean(cpu) * 1e3:.1f} ms CPU per step (2 workers' pull + push), {args.batch / np.mean(cpu):,.0f} "
-          f"rows/s per worker if the server were the only cost; p99 {np.percentile(cpu, 99) * 1e3:.1f} ms")
+          f"rows/s per worker if the server were the only cost; p99 {np.percentile(cpu, 99) * 1e3:.1f} ms; wall "
+          f"{np.mean(walls) * 1e3:.1f} ms per step")
     print("stats:", {k: st[k] for k in ("rows", "bytes", "disk_rows", "disk_bytes", "disk_index_bytes", "promoted",
                                         "demoted", "hit_rate") if k in st})
+    if after:
+        print("zipf phase, per step: " + ", ".join(f"{k} {(after[k] - before[k]) / max(1, args.steps):,.0f}"
+                                                  for k in after))
     if trace:
         print(trace.report(base))
     else:
