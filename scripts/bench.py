@@ -983,8 +983,9 @@ def scenario_step(bench: Bench) -> tuple[str, dict]:
                     continue
                 run = bench.job(f"{name}-r{rep}", impl, worker("step.py") + ["--server", impl, "--mode", mode] + argv,
                                 num_servers=servers, profile=bench.args.profile and rep == 0, env=STEP_ENV)
-                if step_stats(run) is not None:
-                    rounds[impl].append(step_stats(run))
+                stats = step_stats(run)
+                if stats is not None:
+                    rounds[impl].append(stats)
                 if not run.ok:
                     failed.append(f"{name} round {rep} {impl} FAILED (status {run.status}): {run.log}")
         res = {impl: median_stats(got) for impl, got in rounds.items() if got}
