@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import logging
 import os
 import random
@@ -58,21 +59,13 @@ QUEUE_BYTES = 1 << 30
 
 _LIBZMQ_FUNCTIONS = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_close", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
                      "zmq_msg_gets", "zmq_send")
-_native_ready: list[bool] = []   # [whether protocol/_fast.c has libzmq's functions], once per process
-
-
+@functools.cache      # once per process
 def native_zmq() -> bool:
     """Whether messages can be received and sent whole by ``_fast.recv_message``/``send_message`` (one C call per
     message instead of pyzmq's calls per part): their functions must come from the very libzmq pyzmq loaded (its
     wheel's own copy; a socket of one copy must never meet the functions of another), found as the one libzmq this
     process maps, opened RTLD_NOLOAD (only if already loaded) and checked by its version. Anywhere that does not
     hold (no /proc, two copies, a static build), pyzmq's own calls are used."""
-    if not _native_ready:
-        _native_ready.append(_load_native_zmq())
-    return _native_ready[0]
-
-
-def _load_native_zmq() -> bool:
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libzmq" in line.rsplit("/", 1)[-1] and "/" in line}
@@ -95,9 +88,20 @@ def _batch_io_threads(context: zmq.Context) -> None:
     server's own thread at once on a busy machine (a context switch per reply), while a batch thread is not favoured
     on wake-up, so the replies of a drain go out together. Measured on the step job (1 server, dist_sync, 4
     alternating rounds): server CPU per step -6%, steps/s +12%."""
+    batch = _batch_allowed()
+    if batch is not None:
+        try:
+            context.set(zmq.THREAD_SCHED_POLICY, batch)
+        except zmq.ZMQError:
+            pass
+
+
+@functools.cache      # once per process
+def _batch_allowed() -> int | None:
+    """SCHED_BATCH if this process may put a thread under it (probed on a short-lived thread of our own), else None."""
     batch = getattr(os, "SCHED_BATCH", None)
     if batch is None or not hasattr(zmq, "THREAD_SCHED_POLICY"):
-        return
+        return None
     allowed: list[bool] = []
 
     def probe() -> None:
@@ -109,11 +113,7 @@ def _batch_io_threads(context: zmq.Context) -> None:
     thread = threading.Thread(target=probe, name="sched-probe")
     thread.start()
     thread.join()
-    if allowed:
-        try:
-            context.set(zmq.THREAD_SCHED_POLICY, batch)
-        except zmq.ZMQError:
-            pass
+    return batch if allowed else None
 
 
 class BindError(OSError):
