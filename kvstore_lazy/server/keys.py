@@ -272,7 +272,10 @@ class RowSparseKey:
     # -- ids
 
     def row_ids_of(self, local_ids: np.ndarray) -> np.ndarray:
-        return local_ids.astype(np.uint64) + np.uint64(self.row_offset)
+        ids = local_ids.astype(np.uint64)   # a new array: the offset is added in place
+        if self.row_offset:
+            ids += np.uint64(self.row_offset)
+        return ids
 
     def check_rows(self, local_ids: np.ndarray) -> None:
         """Every id of a request (sorted) within the rows this server holds."""
@@ -384,18 +387,21 @@ class RowSparseKey:
         self._table.set_weights(slots, weights)
         self._table.set_states(slots, states)
 
-    def pull(self, request: DataRequest, store: bool) -> bytes:
+    def pull(self, request: DataRequest, store: bool, absent: bool = False) -> bytes:
         """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
         created, else they are computed and left absent. The caller has checked the request's dtype and rows
-        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check)."""
+        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check); `absent`: it found none of
+        them in the table just now (the fast path's probe), so they are not looked up again."""
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
             store = False            # rows wait for admission: a pull never creates one
         if store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
+            if absent and self.disk is None:
+                return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             slots = self._table.lookup(row_ids)
-            if self.disk is None and len(slots) and slots.max() < 0:   # none stored (the fast path's rows)
+            if self.disk is None and len(slots) and slots.max() < 0:   # none stored
                 return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             if self.disk is not None:
                 cold = row_ids[slots < 0]

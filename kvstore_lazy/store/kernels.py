@@ -87,7 +87,12 @@ def address(name: str) -> int:
 
 
 def _addr(a: np.ndarray) -> int:
-    return a.ctypes.data
+    # a ctypes view of a writable buffer costs a third of numpy's ``a.ctypes`` object; read-only or empty arrays
+    # take that
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
 
 
 def accepts(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> bool:
