@@ -126,10 +126,20 @@ def _dmlc_parse(text: str, ftype: type) -> Any:
 
 def _op_f32(value: Any) -> np.float32:
     """A `float` field of an optimizer op's dmlc::Parameter (lr, wd, rescale_grad, ...). The compiled parser
-    (_fast.c parse_float32, the same steps) takes str(float)'s text: Adam's lr is a new value every update."""
+    (_fast.c parse_float32, the same steps) takes str(float)'s text: Adam's lr is a new value every update; the
+    other fields are the same every update, so each text's value is kept (a bounded table)."""
     text = str(value)
-    parsed = _parse_float32(text)
-    return _dmlc_parse(text, _f32) if parsed is None else _f32(parsed)
+    known = _OP_F32.get(text)
+    if known is None:
+        parsed = _parse_float32(text)
+        known = _dmlc_parse(text, _f32) if parsed is None else _f32(parsed)
+        if len(_OP_F32) >= 1024:
+            _OP_F32.clear()
+        _OP_F32[text] = known
+    return known
+
+
+_OP_F32: dict[str, np.float32] = {}
 
 
 def _scalar_f32(value: Any) -> np.float32:
