@@ -214,7 +214,7 @@ def test_an_error_making_missing_rows_is_answered_as_the_general_path_answers_it
     pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
     setup_keys(pair, w0, w1)
 
-    def broken(self, request, store):
+    def broken(self, request, store, absent=False):
         raise RuntimeError("no rows today")
 
     monkeypatch.setattr(RowSparseKey, "pull", broken)
@@ -241,9 +241,10 @@ def test_dense_pushes_take_the_fast_path_with_the_same_replies_and_state(name, k
     rng = np.random.default_rng(5)
     for step in range(4):
         for w in (w0, w1):
-            pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
+            # w1 pushpulls, as Gluon's Trainer does for a dense parameter: its answer carries the new value
+            pair.send(w.push(3, rng.standard_normal(6).astype(np.float32), pull=w is w1), pushed=True)
             pair.check_same_state()
-            pair.send(w.push(4, rng.standard_normal(4), F64), pushed=True)   # float64 keys too
+            pair.send(w.push(4, rng.standard_normal(4), F64, pull=step % 2 == 1), pushed=True)   # float64 too
         pair.send(w1.pull(3), fast=True)
         pair.check_same_state()
     pair.fast.num_workers = pair.reference.num_workers = 3   # a round of three: the merge sums in place
@@ -251,7 +252,7 @@ def test_dense_pushes_take_the_fast_path_with_the_same_replies_and_state(name, k
         pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
     pair.fast.sync_mode = pair.reference.sync_mode = False   # async: every push updates at once
     for w in (w0, w1):
-        pair.send(w.push(3, rng.standard_normal(6).astype(np.float32)), pushed=True)
+        pair.send(w.push(3, rng.standard_normal(6).astype(np.float32), pull=w is w0), pushed=True)
         pair.check_same_state()
 
 
@@ -264,13 +265,13 @@ def test_dense_pushes_the_fast_path_leaves_to_the_general_path():
     general = [
         w0.push(3, np.ones(5, np.float32)),                   # wrong size: refused
         w0.push(3, np.ones(6), F64),                          # another dtype than the key's: refused
-        w0.push(3, np.ones(6, np.float32), pull=True),        # pushpull
         w0.push(5, np.ones(6, np.float32)),                   # a new key: the init
         w0.kv(f32, [3], np.ones(6, np.float32).tobytes(), [20], push=True),      # lens do not match the values
         w0.kv(f32, [3, 3], np.ones(6, np.float32).tobytes(), [24, 0], push=True),   # two keys: refused
         w0.kv(f32, [3], np.ones(6, np.float32).tobytes()[:23], [23], push=True),   # not whole values
         w0.frames(f32, [np.array([3], np.uint64).tobytes(), np.ones(6, np.float32).tobytes()], push=True),  # no lens
     ]
+    pair.send(w0.push(3, np.ones(6, np.float32), pull=True), pushed=True)   # a pushpull opens the round
     for msg in general:
         pair.send(msg, pushed=False)
         pair.check_same_state()

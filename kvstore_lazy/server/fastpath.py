@@ -7,9 +7,9 @@ it with the same bytes :class:`~kvstore_lazy.server.core.KVServer`'s general pat
 rows are checked, probed and gathered into the reply in one compiled call (``protocol/_fast.c`` ``gather_rows``);
 the rows not in the table (new, pending admission, or kept elsewhere) are asked of ``RowSparseKey.pull``, as a pull
 of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is. Likewise a
-plain dense push (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
+plain dense push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
 (``KVServer._round``, the general path's merge, update and replies).
-Does not own: anything else. Whatever it does not take (a row_sparse push, a pushpull, a command, an unusual frame
+Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame
 layout, a key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before
 changing anything, and the general path decides, logs and answers.
 
@@ -59,7 +59,7 @@ class FastPath:
         of unexpected errors."""
         meta = msg.meta
         if meta.push is True:
-            return self._dense_push(msg) if meta.pull is False else None
+            return self._dense_push(msg)
         if meta.pull is not True:
             return None
         data = msg.data
@@ -123,9 +123,10 @@ class FastPath:
         return [wire.pull_answer(msg.sender, meta, raw if type(raw) is bytes else bytes(raw), payload, lens)]
 
     def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
-        """A dense push (not a pushpull, not compressed) of a gradient to a stored key, taken from its frames to the
-        key's round (``KVServer._round``: the merge, the update, the replies) without decoding a DataRequest; None
-        for anything else: the init, a multi-precision key, a wrong size or dtype, async with no optimizer."""
+        """A dense push or pushpull (what Gluon's Trainer sends for a dense parameter; not compressed) of a gradient
+        to a stored key, taken from its frames to the key's round (``KVServer._round``: the merge, the update, the
+        replies, a pushpull's with the new value) without decoding a DataRequest; None for anything else: the init,
+        a multi-precision key, a wrong size or dtype, async with no optimizer."""
         meta, data = msg.meta, msg.data
         dtype = _DENSE.get(meta.head)
         if dtype is None or len(data) != 3:
