@@ -212,6 +212,12 @@ class RowInitializer:
         if out.size:
             self._fill(seed, key, row_ids, shape, out)
 
+    def compiled_fill(self, seed, key):
+        """``(key_state, span, low)`` when every row's float32 values are ``protocol/_fast.c``'s Uniform loop's
+        with them (``uniform_rows``; the compiled pull path fills the rows of a pull that are not stored with it),
+        else None."""
+        return None
+
     def _fill(self, seed, key, row_ids, shape, out):
         """Fill ``out`` chunk by chunk with ``self._values(states, ncols, shape)``."""
         states = row_states(seed, key, row_ids)
@@ -235,6 +241,13 @@ class ConstantRows(RowInitializer):
     def __init__(self, value, name="constant"):
         self.name = name
         self.value = value
+
+    def compiled_fill(self, seed, key):
+        # a scalar c: the loop's u * 0.0 + c is c exactly (u >= 0), except for c = -0.0 (+0.0 + -0.0 is +0.0)
+        v = np.asarray(self.value, dtype=np.float64)
+        if v.ndim or (v == 0 and math.copysign(1.0, float(v)) < 0):
+            return None
+        return (0, 0.0, float(v))
 
     def _fill(self, seed, key, row_ids, shape, out):
         v = np.asarray(self.value, dtype=np.float64)
@@ -267,6 +280,9 @@ class UniformRows(RowInitializer):
         u *= self.high - self.low
         u += self.low
         return u
+
+    def compiled_fill(self, seed, key):
+        return (_state_of(seed, key), self.high - self.low, self.low)
 
     def _fill(self, seed, key, row_ids, shape, out):
         if out.dtype.itemsize in (4, 8) and out.flags.c_contiguous:   # float32, float64: the compiled loop

@@ -68,6 +68,39 @@ def test_gather_rows_leaves_the_rows_not_in_the_table_to_the_caller():
     assert lens == np.array([0, 3, 3, 3, 3, 3], np.int32).tobytes()
 
 
+@pytest.mark.parametrize("init", [ki.UniformRows(-0.07, 0.07), ki.ConstantRows(0.0, "zero"),
+                                  ki.ConstantRows(2.5), ki.ConstantRows(float("inf"))])
+def test_gather_rows_fills_the_rows_not_in_the_table_with_their_initial_values(init):
+    """With a fill, an absent row gets what the initializer's fill gives its row id (local id + offset), bit for
+    bit, in its place; the rows in the table are as without one."""
+    table = table_of([3, 10, 11, 500])
+    keys = [100, 101, 103, 104, 108, 109]
+    plain = gather(table, keys, row_offset=2)
+    frame = np.asarray(keys, np.uint64).tobytes()
+    buckets, slot_ids, shift, weights = table.probe_arrays()
+    fill = init.compiled_fill(42, 7)
+    payload, lens, missing, missing_ids = native.gather_rows(frame, buckets, slot_ids, shift, weights, 2, 1 << 62,
+                                                             12, fill)
+    assert type(payload) is bytes and missing == 2 and missing_ids is None and lens == plain[1]
+    rows = np.frombuffer(payload, np.float32).reshape(5, 3)
+    want = np.empty((2, 3), np.float32)
+    init.fill(42, 7, np.array([5, 6], np.uint64), (1000, 3), want)   # rows 5 and 6 (local ids 3 and 4)
+    assert rows[[1, 2]].tobytes() == want.tobytes()
+    assert rows[[0, 3, 4]].tobytes() == np.frombuffer(plain[0], np.float32).reshape(5, 3)[[0, 3, 4]].tobytes()
+    # every row in the table: the fill changes nothing
+    assert native.gather_rows(np.asarray([100, 101, 108], np.uint64).tobytes(), buckets, slot_ids, shift, weights,
+                              2, 1 << 62, 12, fill) == gather(table, [100, 101, 108], row_offset=2)
+
+
+def test_only_initializers_the_compiled_loop_reproduces_offer_a_fill():
+    assert ki.ConstantRows(-0.0).compiled_fill(1, 2) is None     # +0.0 + -0.0 would lose the sign
+    assert ki.ConstantRows([1.0, 2.0]).compiled_fill(1, 2) is None
+    assert ki.NormalRows(0.1).compiled_fill(1, 2) is None
+    buckets, slot_ids, shift, weights = table_of([3]).probe_arrays()
+    with pytest.raises(TypeError):   # a fill is (key_state, span, low)
+        native.gather_rows(b"\0" * 16, buckets, slot_ids, shift, weights, 0, 10, 12, (1, 2.0))
+
+
 def test_gather_rows_hands_back_what_it_does_not_take():
     table = table_of([3, 10, 11, 500])
     assert gather(table, [100, 103, 110])[0] == table.weights(table.lookup([3, 10])).tobytes()

@@ -104,6 +104,22 @@ def test_pulls_of_stored_values_take_the_fast_path_with_the_same_bytes():
     pair.check_same_state()
 
 
+@pytest.mark.parametrize("init", ['["zero", {}]', '["constant", {"value": 0.25}]', '["constant", {"value": -0.0}]',
+                                  '["normal", {"sigma": 0.1}]'])
+def test_rows_not_stored_of_other_initializers(init):
+    """Absent rows filled by the compiled pull (zero, constant) or asked of keys.py (-0.0, normal): the same bytes."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer()))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(8, (100, 3), "float32", init, 5)))
+    pair.send(w0.rsp_push(8, [], np.zeros((0, 3), np.float32)))
+    for w in (w0, w1):
+        pair.send(w.rsp_push(8, [4], rows(1, 3)))
+    pair.send(w0.rsp_pull(8, [1, 4, 60]), fast=True, partial=True)
+    pair.send(w1.rsp_pull(8, [2, 3]), fast=True, partial=True)
+    pair.check_same_state()
+
+
 def test_what_the_fast_path_leaves_to_the_general_path():
     pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
     setup_keys(pair, w0, w1)
@@ -218,6 +234,7 @@ def test_an_error_making_missing_rows_is_answered_as_the_general_path_answers_it
         raise RuntimeError("no rows today")
 
     monkeypatch.setattr(RowSparseKey, "pull", broken)
+    monkeypatch.setattr(RowSparseKey, "absent_fill", lambda self: None)   # absent rows asked of keys.py
     before = pair.fast.bad_requests
     (node, frames), = pair.send(w0.rsp_pull(7, [1, 2]))   # row 2 is not stored: keys.py is asked for it
     assert node == WORKER0 and pair.fast.bad_requests == before + 1

@@ -247,7 +247,7 @@ fallback:
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes)
+   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes[, fill])
        -> (payload, lens, missing, missing_ids) or None
 
    A row_sparse pull answered from the rows in memory: `keys` is the request's keys frame (uint64 little-endian:
@@ -259,16 +259,53 @@ fallback:
    caller serves float32 keys only). If every row is in the table, payload is bytes and missing/missing_ids None;
    else payload is a bytearray with zeros where rows are missing, `missing` their positions among the request's rows
    and `missing_ids` their local ids (int64 bytes each), for the caller to fill in from server/keys.py, which decides
-   what a row not in memory is. */
+   what a row not in memory is. With `fill` (key_state, span, low), which that caller hands over when a row not in
+   memory is its initial value (RowSparseKey.absent_fill), such rows get uniform_rows' values of their row id
+   (local id + row_offset) here instead: payload is bytes, `missing` their number and missing_ids None. */
 
 #define MULT 0xBF58476D1CE4E5B9ULL   /* RowIndex's hash (store/kernels.c home()): tests compare the two */
 
+/* One row of initializers.UniformRows' values (see uniform_rows below): row r's `ncols` values, float32 (itemsize 4)
+   or float64 (8), at out. */
+#define GAMMA 0x9E3779B97F4A7C15ULL
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static void uniform_row(char *out, Py_ssize_t ncols, Py_ssize_t itemsize, uint64_t r, uint64_t key_state,
+                        double span, double low) {
+    uint64_t state = mix64((r ^ key_state) + GAMMA);
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        uint64_t bits = mix64(state + (uint64_t)(c + 1) * GAMMA);
+        double u = (double)(int64_t)(bits >> 11) * 0x1p-53;
+        u = u * span;
+        u = u + low;
+        if (itemsize == 4) ((float *)out)[c] = (float)u;
+        else ((double *)out)[c] = u;
+    }
+}
+
 static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 arguments"); return NULL; }
+    if (nargs != 8 && nargs != 9) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 or 9 arguments"); return NULL; }
     unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
     unsigned long long row_offset = PyLong_AsUnsignedLongLong(args[5]);
     long long local_rows = PyLong_AsLongLong(args[6]);
     Py_ssize_t row_bytes = PyLong_AsSsize_t(args[7]);
+    int fill = nargs == 9 && args[8] != Py_None;
+    unsigned long long fill_state = 0;
+    double fill_span = 0, fill_low = 0;
+    if (fill) {
+        if (!PyTuple_Check(args[8]) || PyTuple_Size(args[8]) != 3) {
+            PyErr_SetString(PyExc_TypeError, "gather_rows: fill is (key_state, span, low) or None");
+            return NULL;
+        }
+        fill_state = PyLong_AsUnsignedLongLong(PyTuple_GetItem(args[8], 0));
+        fill_span = PyFloat_AsDouble(PyTuple_GetItem(args[8], 1));
+        fill_low = PyFloat_AsDouble(PyTuple_GetItem(args[8], 2));
+    }
     if (PyErr_Occurred()) return NULL;
     if (shift < 1 || shift > 63 || row_bytes <= 0 || row_bytes % 4) {
         PyErr_SetString(PyExc_ValueError, "gather_rows: bad shift or row size");
@@ -319,7 +356,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         absent += slot < 0;
     }
     char *dst;
-    if (absent) {
+    if (absent && !fill) {
         payload = PyByteArray_FromStringAndSize(NULL, nrows * row_bytes);
         missing = PyBytes_FromStringAndSize(NULL, absent * 8);
         missing_ids = PyBytes_FromStringAndSize(NULL, absent * 8);
@@ -331,14 +368,19 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         dst = PyBytes_AsString(payload);
     }
     const char *rows = weights.buf;
-    int64_t *positions = absent ? (int64_t *)PyBytes_AsString(missing) : NULL;
-    int64_t *local_ids = absent ? (int64_t *)PyBytes_AsString(missing_ids) : NULL;
+    int64_t *positions = absent && !fill ? (int64_t *)PyBytes_AsString(missing) : NULL;
+    int64_t *local_ids = absent && !fill ? (int64_t *)PyBytes_AsString(missing_ids) : NULL;
     for (Py_ssize_t i = 0; i < nrows; i++) {
         if (slots[i] >= 0) {
             memcpy(dst + i * row_bytes, rows + slots[i] * row_bytes, (size_t)row_bytes);
         } else {
             uint64_t key;
             memcpy(&key, kb + 8 * (i + 1), 8);
+            if (fill) {
+                uniform_row(dst + i * row_bytes, row_bytes / 4, 4, key - master + row_offset, fill_state, fill_span,
+                            fill_low);
+                continue;
+            }
             memset(dst + i * row_bytes, 0, (size_t)row_bytes);
             *positions++ = i;
             *local_ids++ = (int64_t)(key - master);
@@ -349,10 +391,10 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     int32_t *len_out = (int32_t *)PyBytes_AsString(lens), elems = (int32_t)(row_bytes / 4);
     len_out[0] = 0;
     for (Py_ssize_t i = 1; i < nkeys; i++) memcpy(len_out + i, &elems, 4);
-    if (!absent) {
-        missing = Py_None, missing_ids = Py_None;
-        Py_INCREF(missing);
-        Py_INCREF(missing_ids);
+    if (!absent || fill) {
+        missing = absent ? PyLong_FromSsize_t(absent) : Py_NewRef(Py_None);
+        missing_ids = Py_NewRef(Py_None);
+        if (missing == NULL) goto release;
     }
     result = PyTuple_New(4);
     if (result == NULL) goto release;
@@ -384,14 +426,6 @@ release:
    then u * span, then + low, cast to out's type (initializers.UniformRows; uniform01 is span 1, low 0). key_state
    is absorb(absorb(0, seed), key), so state(r) = mix64((r ^ key_state) + GAMMA), bits = mix64(state + (c+1) GAMMA). */
 
-#define GAMMA 0x9E3779B97F4A7C15ULL
-
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 static PyObject *uniform_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "uniform_rows takes 6 arguments"); return NULL; }
     uint64_t key_state = PyLong_AsUnsignedLongLong(args[2]);
@@ -417,15 +451,7 @@ static PyObject *uniform_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
     for (Py_ssize_t i = 0; i < nrows; i++) {
         uint64_t r;
         memcpy(&r, idb + 8 * i, 8);
-        uint64_t state = mix64((r ^ key_state) + GAMMA);
-        for (Py_ssize_t c = 0; c < ncols; c++) {
-            uint64_t bits = mix64(state + (uint64_t)(c + 1) * GAMMA);
-            double u = (double)(int64_t)(bits >> 11) * 0x1p-53;
-            u = u * span;
-            u = u + low;
-            if (itemsize == 4) ((float *)out.buf)[i * ncols + c] = (float)u;
-            else ((double *)out.buf)[i * ncols + c] = u;
-        }
+        uniform_row((char *)out.buf + i * ncols * itemsize, ncols, itemsize, r, key_state, span, low);
     }
     PyBuffer_Release(&out);
     PyBuffer_Release(&ids);

@@ -6,7 +6,9 @@ store of them, see ``RowSparseKey.resident_rows``) straight from its decoded met
 it with the same bytes :class:`~kvstore_lazy.server.core.KVServer`'s general path would send. A row_sparse pull's
 rows are checked, probed and gathered into the reply in one compiled call (``protocol/_fast.c`` ``gather_rows``);
 the rows not in the table (new, pending admission, or kept elsewhere) are asked of ``RowSparseKey.pull``, as a pull
-of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is. Likewise a
+of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is. When it
+says such a row is its initial value, left absent, and the initializer's values are the compiled loop's
+(``RowSparseKey.absent_fill``: Uniform, a scalar constant), the same call fills them in. Likewise a
 plain dense push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
 (``KVServer._round``, the general path's merge, update and replies).
 Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame
@@ -86,19 +88,24 @@ class FastPath:
             if resident is None:
                 return None
             (table, slot_ids, shift, weights), row_offset, local_rows = resident
+            store = server.materialize == self.touch
+            # rows not in the table that are their initial values, left absent: filled in by the same call
+            fill = None if store else entry.absent_fill()
             got = _gather_rows(raw, table, slot_ids, shift, weights, row_offset, min(local_rows, MAX_ROW_ID + 1),
-                               4 * entry.row_size)
+                               4 * entry.row_size, fill)
             if got is None:
                 return None
             payload, lens, missing, missing_ids = got
             if entry.disk is not None:    # the tier's hit rate counts the rows found in memory here too
                 entry.disk.count(hits=(len(raw) - len(missing_ids or b"")) // 8 - 1)
-            if missing is not None:
+            if missing_ids is None:
+                self.partial += missing is not None
+            else:
                 # rows not in the table: keys.py makes them (initial values, created or not, or wherever a tier
                 # keeps them), as it would for the whole pull; they go into the reply where they belong
                 local_ids = np.frombuffer(missing_ids, np.int64)
-                values = entry.pull(wire.row_pull(msg.sender, meta, key, key + self.begin, local_ids),
-                                    store=server.materialize == self.touch, absent=True)
+                values = entry.pull(wire.row_pull(msg.sender, meta, key, key + self.begin, local_ids), store=store,
+                                    absent=True)
                 if len(local_ids) * 8 == len(raw) - 8:
                     payload = values          # none of them was in the table
                 else:

@@ -430,6 +430,14 @@ class RowSparseKey:
                 rows[absent] = self.initial_rows(row_ids[absent])
         return rows.astype(self.dtype, copy=False).tobytes()
 
+    def absent_fill(self) -> tuple[int, float, float] | None:
+        """For the compiled pull path: the declared initializer's compiled values (``compiled_fill``) when a row a
+        pull finds absent is its initial value, left absent (:meth:`pull` without `store`: a lazy key with no row
+        policy and no disk tier), else None."""
+        if self.spec is None or self.policy is not None or self.disk is not None:
+            return None
+        return self.spec.initializer.compiled_fill(self.spec.seed, self.key)
+
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
         pull whose rows are all in the table is a plain gather of them in the wire dtype (float32), else None; a
