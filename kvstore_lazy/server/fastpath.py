@@ -8,12 +8,12 @@ rows are checked, probed and gathered into the reply in one compiled call (``pro
 the rows not in the table (new, pending admission, or kept elsewhere) are asked of ``RowSparseKey.pull``, as a pull
 of just those rows, and put in their places: ``server.keys`` alone decides what a row not in memory is. When it
 says such a row is its initial value, left absent, and the initializer's values are the compiled loop's
-(``RowSparseKey.absent_fill``: Uniform, a scalar constant), the same call fills them in. Likewise a
-plain dense push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
+(``RowSparseKey.absent_fill``: Uniform, a scalar constant), the same call fills them in. Likewise a plain dense
+push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
 (``KVServer._round``, the general path's merge, update and replies).
-Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame
-layout, a key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before
-changing anything, and the general path decides, logs and answers.
+Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame layout, a
+key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before changing
+anything, and the general path decides, logs and answers.
 
 Every check of the general path that can refuse such a request is repeated here as a condition for taking it
 (``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``/``_dense_push``), so a request
