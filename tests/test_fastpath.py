@@ -230,7 +230,7 @@ def test_an_error_making_missing_rows_is_answered_as_the_general_path_answers_it
     pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
     setup_keys(pair, w0, w1)
 
-    def broken(self, request, store, absent=False):
+    def broken(self, request, store, known_absent=False):
         raise RuntimeError("no rows today")
 
     monkeypatch.setattr(RowSparseKey, "pull", broken)

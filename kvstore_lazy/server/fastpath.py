@@ -105,7 +105,7 @@ class FastPath:
                 # keeps them), as it would for the whole pull; they go into the reply where they belong
                 local_ids = np.frombuffer(missing_ids, np.int64)
                 values = entry.pull(wire.row_pull(msg.sender, meta, key, key + self.begin, local_ids), store=store,
-                                    absent=True)
+                                    known_absent=True)
                 if len(local_ids) * 8 == len(raw) - 8:
                     payload = values          # none of them was in the table
                 else:

@@ -387,10 +387,10 @@ class RowSparseKey:
         self._table.set_weights(slots, weights)
         self._table.set_states(slots, states)
 
-    def pull(self, request: DataRequest, store: bool, absent: bool = False) -> bytes:
+    def pull(self, request: DataRequest, store: bool, known_absent: bool = False) -> bytes:
         """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
         created, else they are computed and left absent. The caller has checked the request's dtype and rows
-        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check); `absent`: it found none of
+        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check); `known_absent`: it found none of
         them in the table just now (the fast path's probe), so they are not looked up again."""
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
@@ -398,7 +398,7 @@ class RowSparseKey:
         if store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
-            if absent and self.disk is None:
+            if known_absent and self.disk is None:
                 return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             slots = self._table.lookup(row_ids)
             if self.disk is None and len(slots) and slots.max() < 0:   # none stored

@@ -90,7 +90,7 @@ def _addr(a: np.ndarray) -> int:
     # a ctypes view of a writable buffer costs a third of numpy's ``a.ctypes`` object; read-only or empty arrays
     # take that
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
     except (TypeError, ValueError, BufferError):
         return a.ctypes.data
 
