@@ -191,6 +191,9 @@ class DenseKey:
         return self._value.nbytes + (self._master.nbytes if self._master is not None else 0)
 
 
+_UNKNOWN = object()
+
+
 class RowSparseKey:
     """A row_sparse key: a table of the rows that exist (DataHandleRowSparse), lazy when a worker declared it.
 
@@ -436,7 +439,10 @@ class RowSparseKey:
         policy and no disk tier), else None."""
         if self.spec is None or self.policy is not None or self.disk is not None:
             return None
-        return self.spec.initializer.compiled_fill(self.spec.seed, self.key)
+        fill = self.__dict__.get("_fill", _UNKNOWN)   # the spec's, the same for every pull: asked once
+        if fill is _UNKNOWN:
+            fill = self._fill = self.spec.initializer.compiled_fill(self.spec.seed, self.key)
+        return fill
 
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
