@@ -93,6 +93,7 @@ class Gate:
     sources: dict[int, frozenset[Address]] = field(default_factory=dict)   # node id -> addresses it may send from
     refused_nodes: dict[int, str] = field(default_factory=dict)            # announced, but never served: why
     _allowed: dict = field(default_factory=dict, repr=False)               # address -> inside the allow-list
+    _from: dict = field(default_factory=dict, repr=False)      # (node id, TCP address) -> _source's verdict
 
     def allowed(self, ip: Address) -> bool:
         if not self.allow:
@@ -124,6 +125,7 @@ class Gate:
         self.scheduler_host = host
         sources, reason = self.sources_of(host)
         self.sources = {SCHEDULER_ID: sources}
+        self._from.clear()
         return reason
 
     def set_roster(self, roster: Roster, my_id: int) -> dict[int, str]:
@@ -137,6 +139,7 @@ class Gate:
     def update_node(self, node_id: int, host: str) -> str | None:
         sources, reason = self.sources_of(host)
         self.sources[node_id] = sources
+        self._from.clear()
         if reason is None:
             self.refused_nodes.pop(node_id, None)
         else:
@@ -164,7 +167,12 @@ class Gate:
             return f"node {sender} is not in this job (the scheduler did not announce it)"
         if sender in self.refused_nodes:
             return self.refused_nodes[sender]
-        reason = self._source(sender, ip)
+        where = (sender, peer)   # a node sends from a handful of addresses: each pair is judged once
+        reason = self._from.get(where, _UNJUDGED)
+        if reason is _UNJUDGED:
+            if len(self._from) >= 4096:
+                self._from.clear()
+            reason = self._from[where] = self._source(sender, ip)
         if reason is not None:
             return reason
         return _permission(role, meta)
@@ -180,6 +188,9 @@ class Gate:
             return (f"it comes from {ip}, not from {announced}, the address the scheduler announced for it "
                     f"(KVSTORE_LAZY_CHECK_ADDRESS=0 turns this check off)")
         return None
+
+
+_UNJUDGED = object()
 
 
 def _permission(role: int, meta: Meta) -> str | None:
