@@ -303,3 +303,60 @@ def test_dense_pushes_the_fast_path_leaves_to_the_general_path():
     async_pair.send(w0.push(3, np.arange(6, dtype=np.float32)))
     async_pair.send(w0.push(3, np.ones(6, np.float32)), pushed=False)
     async_pair.check_same_state()
+
+
+@pytest.mark.parametrize("name, kwargs", [("sgd", {"momentum": 0.9}), ("adam", {}),
+                                          ("adam", {"clip_gradient": 0.5, "wd": 0.01})])
+@pytest.mark.parametrize("policy", [{}, {"admit_min_count": 2}])
+def test_row_sparse_pushes_take_the_fast_path_with_the_same_replies_and_state(name, kwargs, policy):
+    """Sync rounds of two and three pushes (rows of one worker only, of both, new rows), pulls between them, then
+    async: the same reply bytes, rows, optimizer states and pending round after every request."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.SYNC_MODE))
+    pair.send(w0.command(proto.CONTROLLER, optimizer(name, **kwargs)))
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42, **policy)))
+    pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)), pushed=False)   # the init: the general path
+    rng = np.random.default_rng(3)
+    for step in range(5):
+        for w in (w0, w1):
+            ids = sorted(rng.choice(40 + 10 * step, 6 + step, replace=False).tolist())
+            pair.send(w.rsp_push(7, ids, rng.standard_normal((len(ids), 4)).astype(np.float32)), pushed=True)
+            pair.check_same_state()
+        pair.send(w1.rsp_pull(7, list(range(0, 60, 3))), fast=True, partial=True)
+    pair.fast.num_workers = pair.reference.num_workers = 3   # a round of three
+    for w in (w0, w1, w0):
+        pair.send(w.rsp_push(7, [2, 999], rng.standard_normal((2, 4)).astype(np.float32)), pushed=True)
+    pair.check_same_state()
+    pair.fast.sync_mode = pair.reference.sync_mode = False   # async: every push updates at once
+    for w in (w0, w1):
+        pair.send(w.rsp_push(7, [2, 5], rng.standard_normal((2, 4)).astype(np.float32)), pushed=True)
+        pair.check_same_state()
+
+
+def test_row_sparse_pushes_the_fast_path_leaves_to_the_general_path():
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    setup_keys(pair, w0, w1)
+    rsp_f32 = proto.command_code(proto.ROW_SPARSE, 0)
+    one = np.ones((1, 4), np.float32)
+    general = [
+        w0.rsp_push(7, [1], np.ones((1, 3), np.float32)),        # another row size: refused
+        w0.rsp_push(7, [1000], one),                              # beyond the key's rows: refused
+        w0.rsp_push(7, [5, 1], np.ones((2, 4), np.float32)),      # unsorted: refused
+        w0.rsp_push(7, [1], one.astype(np.float64), F64),         # another dtype: refused
+        w0.rsp_push(3, [1], one),                                 # a dense key: refused
+        w0.rsp_push(8, [1], one),                                 # a key never initialized: its init
+        w0.rsp_push(7, [], np.zeros((0, 4), np.float32)),         # no rows
+        w0.kv(rsp_f32, w0.rsp_keys(7, [1]), one.tobytes(), [0, 16], push=True, pull=True),   # a pushpull
+        w0.kv(rsp_f32, w0.rsp_keys(7, [1]), one.tobytes(), [0], push=True),   # lens do not match the keys
+    ]
+    for msg in general:
+        pair.send(msg, pushed=False)
+        pair.check_same_state()
+    assert pair.fast.bad_requests >= 6
+    pair.send(w1.rsp_push(7, [1], one), pushed=False)           # a poison waits: the general path
+    pair.check_same_state()
+    async_pair = Pair()                                           # async with no optimizer: refused
+    async_pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42)))
+    async_pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
+    async_pair.send(w0.rsp_push(7, [1], one), pushed=False)
+    async_pair.check_same_state()

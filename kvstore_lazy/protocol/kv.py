@@ -208,6 +208,17 @@ def dense_push(sender: int, meta: Meta, key: int, raw_key: bytes, values: np.nda
     return request
 
 
+def row_push(sender: int, meta: Meta, key: int, raw_keys: bytes | memoryview, local_ids: np.ndarray,
+             values: np.ndarray) -> DataRequest:
+    """The float32 row_sparse push of `values` to rows `local_ids` of this server's `key` (`raw_keys`: the keys
+    frame as sent), as :func:`parse` decodes it from a worker: how the fast path hands such a push to a sync round
+    (server/fastpath.py)."""
+    request = _new(DataRequest)
+    request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key,
+                            keys=np.frombuffer(raw_keys, _U64), local_ids=local_ids, values=values, original_size=0)
+    return request
+
+
 def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:
     """A row_sparse push's values as (rows, row size); (0, 0) for a push of no rows."""
     if len(kv.lens) != len(kv.keys) or (len(kv.lens) and kv.lens[0] != 0):

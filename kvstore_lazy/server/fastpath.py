@@ -42,6 +42,8 @@ _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW
 _I32 = struct.Struct("<i")
 _MAX_LEN = (1 << 31) - 1
 _gather_rows = native.gather_rows
+_row_push = native.row_push
+_F32 = np.dtype(np.float32)
 
 
 class FastPath:
@@ -61,7 +63,7 @@ class FastPath:
         of unexpected errors."""
         meta = msg.meta
         if meta.push is True:
-            return self._dense_push(msg)
+            return self._rows_push(msg) if meta.head == _ROWS_F32 else self._dense_push(msg)
         if meta.pull is not True:
             return None
         data = msg.data
@@ -128,6 +130,36 @@ class FastPath:
             lens = _I32.pack(len(payload))
         self.answered += 1
         return [wire.pull_answer(msg.sender, meta, raw if type(raw) is bytes else bytes(raw), payload, lens)]
+
+    def _rows_push(self, msg: Message) -> list[tuple[int, Message]] | None:
+        """A float32 row_sparse push of at least one row to a stored key of its row size (what a worker sends for
+        a gradient), checked in one compiled pass (``row_push``, as ``protocol.kv.parse`` does) and handed to the
+        key's round without decoding a DataRequest; None for anything else: the init, a pushpull, no rows, another
+        row size or dtype, rows beyond the key's, a virtual or aliased key, async with no optimizer."""
+        meta, data = msg.meta, msg.data
+        if meta.pull is not False or len(data) != 3:
+            return None
+        raw, vals, lens = data
+        got = _row_push(raw, lens, len(vals), 4)
+        if got is None:
+            return None
+        ids, row_size, master = got
+        key = master - self.begin
+        server = self.server
+        if not 0 <= key < self.span or server.poisoned or key in server.transfer.aliases or mx.is_virtual_key(key):
+            return None
+        entry = server.keys.get(key)
+        if type(entry) is not RowSparseKey or not entry.plain_gradient(_F32, row_size):
+            return None
+        if not server.sync_mode and server.optimizer is None:
+            return None
+        local_ids = np.frombuffer(ids, np.int64)
+        if int(local_ids[-1]) >= entry.local_rows:
+            return None
+        values = np.frombuffer(vals, np.float32).reshape(len(local_ids), row_size)
+        self.pushes += 1
+        return server._round(wire.row_push(msg.sender, meta, key, raw, local_ids, values), entry,
+                             (local_ids, values))
 
     def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
         """A dense push or pushpull (what Gluon's Trainer sends for a dense parameter; not compressed) of a gradient

@@ -288,6 +288,11 @@ class RowSparseKey:
             raise BadRequest(self.key, f"row {int(local_ids[-1]) + self.row_offset} is out of range: the key has "
                                        f"{self.local_rows + self.row_offset} rows{where}")
 
+    def plain_gradient(self, dtype: np.dtype, row_size: int) -> bool:
+        """Whether a push of rows of `row_size` `dtype` values is a gradient :meth:`gradient` takes as it is (the
+        key's dtype and row size, no cast): the fast path's condition for handing it to the round."""
+        return dtype == self.dtype == self._table.dtype and row_size == self.row_size
+
     def check_dtype(self, dtype: np.dtype, what: str) -> None:
         if dtype != self.dtype:
             raise BadRequest(self.key, f"{what} as {dtype.name} {'of' if what == 'pull' else 'to'} a "
