@@ -178,9 +178,10 @@ class RowIndex:
     def lookup(self, row_ids) -> np.ndarray:
         """Slots of ``row_ids`` (``int64``), ``-1`` where absent. Duplicates in the batch are fine."""
         ids = as_row_ids(row_ids)
-        out = np.full(len(ids), -1, np.int64)
-        if self._n and len(ids):
-            kernels.index_lookup(self._table, self._keys.array, ids, _shift(self._table), out)
+        if not self._n or not len(ids):
+            return np.full(len(ids), -1, np.int64)
+        out = np.empty(len(ids), np.int64)   # the kernel writes every entry, -1 where absent
+        kernels.index_lookup(self._table, self._keys.array, ids, _shift(self._table), out)
         return out
 
     def insert(self, row_ids) -> np.ndarray:
