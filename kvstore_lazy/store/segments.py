@@ -71,6 +71,7 @@ INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this s
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
 READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
+WRITE_RING = False              # in-place writes through the ring too (buffered writes: the kernel punts them to its workers)
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
@@ -148,12 +149,14 @@ class SegmentStore:
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
         self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
+        self._wfds: dict[int, int] = {}                     # segment slot -> one for writes in place (rewrite)
         self._active: int | None = None
         self._next_number = 1
         self._dirty: set[str] = set()                       # segment files written since the last commit
         self._retired: list[str] = []                       # files to delete at the next commit
         self._committed: set[str] = set()                   # segments this directory's index.npz refers to
-        self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
+        self.counters = {"records_written": 0, "records_read": 0, "records_rewritten": 0, "compactions": 0,
+                         "segments_compacted": 0}
         self.version = 0                                    # +1 at every change of what is stored (writes, drops)
         if _create:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -289,9 +292,11 @@ class SegmentStore:
         else:
             order, records = np.zeros(0, np.int64), np.zeros(0, self.record_dtype)
 
-        def drop() -> None:
-            if len(index):
-                self._drop(index)
+        def drop(which: np.ndarray | None = None) -> None:
+            """Delete the rows read (with ``which``, a mask over ``records``: those only)."""
+            gone = index if which is None else index[order[which]]
+            if len(gone):
+                self._drop(gone)
 
         return present, order, records, drop
 
@@ -303,6 +308,52 @@ class SegmentStore:
         if (index < 0).any():
             raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
         return self._read_ordered(ids, self._locations(index))
+
+    def rewrite(self, records: np.ndarray) -> int:
+        """Write back records of rows stored here (``records``: whole records, e.g. from :meth:`get_records`, their
+        payload changed; ids unique and present, else KeyError) **in place**: each at the location the index has
+        for it, its check sealed again for that location, in one batched write; no index change, no garbage. A
+        segment another directory links (a snapshot: more than one link) is never written in place (copy-on-write:
+        its records are appended anew, the old ones garbage). Returns how many were written in place."""
+        if records.dtype != self.record_dtype or records.ndim != 1:
+            raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
+        if not len(records):
+            return 0
+        index = self._index.lookup(records["id"])
+        if (index < 0).any():
+            raise KeyError(f"{int((index < 0).sum())} of {len(records)} rows are not in the store {self.path}")
+        locs = self._locations(index)
+        slots = (locs >> np.uint32(self._shift)).astype(np.int64)
+        alone = np.zeros(int(slots.max()) + 1, bool)
+        for slot in np.unique(slots):
+            alone[slot] = self._writable(int(slot))
+        here = alone[slots]
+        if not here.all():
+            self._append(np.ascontiguousarray(records[~here]))     # shared with a snapshot: copy-on-write
+        if here.any():
+            order = np.flatnonzero(here)
+            order = order[np.argsort(locs[order], kind="stable")]   # file order: adjacent records one write
+            part, at, where = records[order], locs[order], slots[order]
+            kernels.record_seal(part.view(np.uint32).reshape(len(part), self._words), self._mult, at, 2)
+            offsets = (at & np.uint32(self.segment_rows - 1)).astype(np.int64) * self.record_bytes
+            fd_of = np.full(len(alone), -1, np.int32)
+            for slot in np.unique(where):
+                fd_of[slot] = self._wfd(int(slot))
+                self._dirty.add(self._names[int(slot)])
+            err, row = kernels.pwrite_records(fd_of[where], offsets, self.record_bytes, part, WRITE_RING and _uring())
+            if err:
+                raise DiskError(err, f"disk tier {self.path}: writing {self._names[int(where[row])]} in place "
+                                     f"failed: {os.strerror(err)}")
+            self.version += 1
+            self.counters["records_rewritten"] += len(part)
+        return int(here.sum())
+
+    def _writable(self, slot: int) -> bool:
+        """Whether a segment may be written in place: only this directory links it (no snapshot holds it)."""
+        try:
+            return os.fstat(self._wfd(slot)).st_nlink == 1
+        except OSError as exc:
+            raise DiskError(exc.errno, f"disk tier {self.path}: {self._names[slot]}: {exc.strerror or exc}") from exc
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -440,9 +491,10 @@ class SegmentStore:
                 self._read(ids[part], locs[part])
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for fd in list(self._fds.values()) + list(self._wfds.values()):
             os.close(fd)
         self._fds.clear()
+        self._wfds.clear()
 
     def __del__(self) -> None:
         try:
@@ -488,6 +540,12 @@ class SegmentStore:
             except OSError as exc:
                 raise SegmentError(f"segment {file} cannot be read: {exc}") from None
             self._fds[slot] = fd
+        return fd
+
+    def _wfd(self, slot: int) -> int:
+        fd = self._wfds.get(slot)
+        if fd is None:
+            fd = self._wfds[slot] = os.open(self.path / self._names[slot], os.O_WRONLY)
         return fd
 
     def _checks(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
@@ -670,9 +728,10 @@ class SegmentStore:
         self.version += 1
 
     def _retire(self, slot: int) -> None:
-        fd = self._fds.pop(slot, None)
-        if fd is not None:
-            os.close(fd)
+        for fds in (self._fds, self._wfds):
+            fd = fds.pop(slot, None)
+            if fd is not None:
+                os.close(fd)
         name = self._names.pop(slot)
         if name in self._committed:
             self._retired.append(name)       # this directory's committed index refers to it: until the next commit

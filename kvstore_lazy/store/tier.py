@@ -10,6 +10,7 @@ row that went to disk and back is bit for bit the row that left.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ def _fix_mmap_threshold() -> None:
         libc.mallopt(-3, MMAP_THRESHOLD)        # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
-COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk")
+COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk", "updated_in_place")
 
 
 class DiskTierFailure(BaseException):
@@ -171,42 +172,92 @@ class DiskTier:
         self.counters["misses"] += misses
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False) -> int:
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False,
+                admit: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
-        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``."""
+        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``. With
+        `admit` (the memory tier's admission: a function of a batch of records, their payloads' columns, giving a
+        mask) only the rows it admits come in; the records of the others are kept as :meth:`read` keeps them (so a
+        pull answers them from there, :meth:`take_rest` hands them to a push)."""
+        return self._bring(table, row_ids, count, known_absent, admit)[0]
+
+    @_fatal
+    def promote_or_keep(self, table: RowTable, row_ids: np.ndarray,
+                        admit: Callable[[np.ndarray], np.ndarray]) -> tuple[int, np.ndarray]:
+        """:meth:`promote` with `admit` for a push: ``(promoted, records)``, the records (whole, of the rows on
+        disk not admitted: to be updated where they are, :meth:`write_back`) in no particular order."""
+        return self._bring(table, row_ids, True, False, admit, keep=False)
+
+    def _bring(self, table: RowTable, row_ids: np.ndarray, count: bool, known_absent: bool,
+               admit: Callable[[np.ndarray], np.ndarray] | None, keep: bool = True) -> tuple[int, np.ndarray]:
+        none = np.zeros(0, self.store.record_dtype)
         ids = as_row_ids(row_ids)
         absent = np.ones(len(ids), bool) if known_absent else table.lookup(ids) < 0
         cold = ids[absent]
         if not len(cold) or not len(self.store):
             if count:
                 self.count(int(len(ids) - absent.sum()), 0)
-            return 0
+            return 0, none
         cached, cached_records = self._cached(cold)          # read in place since the store last changed
+        valid = self._cache is not None
         present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
-        on_disk = cached.copy()
-        on_disk[~cached] = present
         if count:
-            self.count(int(len(ids) - absent.sum()), int(on_disk.sum()))
-        if not on_disk.any():
-            return 0
+            self.count(int(len(ids) - absent.sum()), int(cached.sum() + present.sum()))
+        if not len(cached_records) and not len(records):
+            return 0, none
+        # where in cold each record's row is: cached_records[j] of cold[at_cached[j]], records[j] of cold[at_read[j]]
+        at_cached = np.flatnonzero(cached)
+        at_read = np.flatnonzero(~cached)[present][order]
+        in_c = np.ones(len(at_cached), bool) if admit is None else admit(cached_records["payload"])
+        in_r = np.ones(len(at_read), bool) if admit is None else admit(records["payload"])
+        rest = none
+        if not (in_c.all() and in_r.all()):
+            rest = np.concatenate([cached_records[~in_c], records[~in_r]])
         # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
-        # one pass each: cached_records[j] is the row of cold[cached][j], records[j] of cold[~cached][present][order[j]]
-        moved = cold[on_disk]
-        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
-        slot_of = np.full(len(cold), -1, np.int64)
-        slot_of[on_disk] = table.ensure(moved, lambda new: zeros)
-        fields = self._fields(table)
-        kernels.scatter_fields(cached_records, slot_of[cached], fields)
-        kernels.scatter_fields(records, slot_of[~cached][present][order], fields)
-        del fields
-        table.mark_changed(slot_of[on_disk])
-        drop()
-        if cached.any():
-            self.store.delete(cold[cached])
-        self._cache = None
-        self.counters["promoted"] += len(moved)
-        return len(moved)
+        # one pass each
+        come = np.zeros(len(cold), bool)
+        come[at_cached[in_c]] = True
+        come[at_read[in_r]] = True
+        moved = cold[come]
+        if len(moved):
+            zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
+            slot_of = np.full(len(cold), -1, np.int64)
+            slot_of[come] = table.ensure(moved, lambda new: zeros)
+            fields = self._fields(table)
+            kernels.scatter_fields(cached_records[in_c], slot_of[at_cached[in_c]], fields)
+            kernels.scatter_fields(records[in_r], slot_of[at_read[in_r]], fields)
+            del fields
+            table.mark_changed(slot_of[come])
+            drop(in_r)
+            if in_c.any():
+                self.store.delete(cold[at_cached[in_c]])
+            self._keep_cache(valid, moved)
+            self.counters["promoted"] += len(moved)
+        if keep and len(rest):
+            self._remember(rest["id"], rest)
+        return len(moved), rest
+
+    @_fatal
+    def write_back(self, records: np.ndarray) -> None:
+        """Records of rows on disk that a push updated where they are (from :meth:`promote_or_keep`, their
+        payloads changed): written back in place (SegmentStore.rewrite)."""
+        valid = self._cache is not None and self._cache[0] == self.store.version
+        self.store.rewrite(records)
+        self._keep_cache(valid, records["id"])
+        self.counters["updated_in_place"] += len(records)
+
+    def _keep_cache(self, valid: bool, gone: np.ndarray) -> None:
+        """The store changed only for the rows ``gone`` (promoted, or rewritten): the records kept for the others
+        stay valid (if they were before the change: ``valid``)."""
+        if not valid or self._cache is None or not len(self._cache[1]):
+            self._cache = None
+            return
+        _, ids, records = self._cache
+        where = np.minimum(np.searchsorted(ids, gone), len(ids) - 1)
+        keep = np.ones(len(ids), bool)
+        keep[where[ids[where] == gone]] = False
+        self._cache = (self.store.version, ids[keep], records[keep])
 
     @_fatal
     def read(self, row_ids) -> dict:
@@ -225,10 +276,16 @@ class DiskTier:
         """:meth:`read`'s weights only, straight into rows ``at`` of ``out`` (a C-contiguous (n, row_size) array
         of the table's dtype: a pull's reply), the records kept as :meth:`read` keeps them."""
         ids = as_row_ids(row_ids)
-        order, records = self.store.get_records(ids)
-        self._remember(ids[order], records)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
+        cached, cached_records = self._cached(ids)
+        if cached.any():               # kept by a promotion that did not admit them, or an earlier read
+            kernels.scatter_fields(cached_records, at[cached], [(out, w)])
+            ids, at = ids[~cached], at[~cached]
+            if not len(ids):
+                return
+        order, records = self.store.get_records(ids)
+        self._remember(ids[order], records)
         kernels.scatter_fields(records, at[order], [(out, w)])
 
     def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
@@ -238,8 +295,8 @@ class DiskTier:
         if len(ids) > CACHE_ROWS:
             self._cache = None
             return
-        order = np.argsort(ids, kind="stable")   # (an id read twice has the same record both times)
-        self._cache = (version, ids[order], records[order])
+        ids, first = np.unique(ids, return_index=True)   # (an id read twice has the same record both times)
+        self._cache = (version, ids, records[first])
 
     def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
