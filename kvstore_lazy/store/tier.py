@@ -17,7 +17,8 @@ import numpy as np
 
 from . import kernels
 from .rows import RowTable, as_row_ids
-from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
+from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, join,
+                       link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
@@ -213,7 +214,7 @@ class DiskTier:
         in_r = np.ones(len(at_read), bool) if admit is None else admit(records["payload"])
         rest = none
         if not (in_c.all() and in_r.all()):
-            rest = np.concatenate([cached_records[~in_c], records[~in_r]])
+            rest = join([pick(cached_records, ~in_c), pick(records, ~in_r)])
         # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
         # one pass each
         come = np.zeros(len(cold), bool)
@@ -225,8 +226,9 @@ class DiskTier:
             slot_of = np.full(len(cold), -1, np.int64)
             slot_of[come] = table.ensure(moved, lambda new: zeros)
             fields = self._fields(table)
-            kernels.scatter_fields(cached_records[in_c], slot_of[at_cached[in_c]], fields)
-            kernels.scatter_fields(records[in_r], slot_of[at_read[in_r]], fields)
+            kernels.scatter_fields(cached_records if in_c.all() else pick(cached_records, in_c),
+                                   slot_of[at_cached[in_c]], fields)
+            kernels.scatter_fields(records if in_r.all() else pick(records, in_r), slot_of[at_read[in_r]], fields)
             del fields
             table.mark_changed(slot_of[come])
             drop(in_r)
@@ -257,7 +259,7 @@ class DiskTier:
         where = np.minimum(np.searchsorted(ids, gone), len(ids) - 1)
         keep = np.ones(len(ids), bool)
         keep[where[ids[where] == gone]] = False
-        self._cache = (self.store.version, ids[keep], records[keep])
+        self._cache = (self.store.version, ids[keep], pick(records, keep))
 
     @_fatal
     def read(self, row_ids) -> dict:
@@ -268,7 +270,7 @@ class DiskTier:
         order, records = self.store.get_records(ids)
         self._remember(ids[order], records)
         out = np.empty(len(records), self.store.record_dtype)
-        out[order] = records
+        put_at(out, order, records)
         return self._unpack(ids, out["payload"])
 
     @_fatal
@@ -291,12 +293,12 @@ class DiskTier:
     def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
         version = self.store.version
         if self._cache is not None and self._cache[0] == version:
-            ids, records = np.concatenate([self._cache[1], ids]), np.concatenate([self._cache[2], records])
+            ids, records = np.concatenate([self._cache[1], ids]), join([self._cache[2], records])
         if len(ids) > CACHE_ROWS:
             self._cache = None
             return
         ids, first = np.unique(ids, return_index=True)   # (an id read twice has the same record both times)
-        self._cache = (version, ids, records[first])
+        self._cache = (version, ids, pick(records, first))
 
     def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
@@ -307,7 +309,7 @@ class DiskTier:
         _, ids, records = self._cache
         where = np.minimum(np.searchsorted(ids, cold), len(ids) - 1)
         hit = ids[where] == cold
-        return hit, records[where[hit]]
+        return hit, pick(records, where[hit])
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""
