@@ -444,7 +444,18 @@ class RowSparseKey:
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
             store = False            # rows wait for admission: a pull never creates one
-        if store or self.spec is None:
+        admit = self._disk_admit()
+        if (store or self.spec is None) and admit is not None:
+            # rows on disk the memory tier admits come back, the others are read where they are; absent rows
+            # that are not on disk either are created
+            self.disk.promote(self._table, row_ids, count=True, admit=admit)
+            on_disk = self._table.lookup(row_ids) < 0
+            on_disk[on_disk] = self.disk.contains(row_ids[on_disk])
+            rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            rows[~on_disk] = self._table.weights(self._slots_for(row_ids[~on_disk], promoted=True))
+            if on_disk.any():
+                self.disk.read_weights(row_ids[on_disk], rows, np.flatnonzero(on_disk))
+        elif store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             slots = self._table.lookup(row_ids)
@@ -457,14 +468,14 @@ class RowSparseKey:
                     # room under the budget even if every absent row were on disk: they come back (one probe of
                     # the disk index; the hit rate counts them as promote finds them)
                     self.disk.count(hits=len(row_ids) - len(cold))
-                    self.disk.promote(self._table, cold, count=True, known_absent=True, admit=self._disk_admit())
+                    self.disk.promote(self._table, cold, count=True, known_absent=True, admit=admit)
                     slots = self._table.lookup(row_ids)
                 else:
                     on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
                     self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))
                     if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
                         # room under the budget: they come back (those the memory tier admits)
-                        self.disk.promote(self._table, cold, count=False, admit=self._disk_admit())
+                        self.disk.promote(self._table, cold, count=False, admit=admit)
                         slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0

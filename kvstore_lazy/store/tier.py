@@ -21,7 +21,7 @@ from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, S
                        link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"
-MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
+MMAP_THRESHOLD = int(__import__('os').environ.get('H14D_MMAP', 131072))     # see _fix_mmap_threshold
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
