@@ -232,3 +232,37 @@ def test_the_admission_window_is_a_checked_setting():
     for bad in ("-1", "x", "1.5"):
         with pytest.raises(ValueError, match="KVSTORE_LAZY_DISK_ADMIT_WINDOW"):
             Settings.from_env({"KVSTORE_LAZY_DISK_ADMIT_WINDOW": bad})
+
+
+def test_rows_updated_on_disk_after_a_snapshot_leave_the_snapshot_as_it_was(tmp_path):
+    """The snapshot hard-links the tier's segments; rows the server then updates on disk (admission window) must
+    not be written into those shared files (copy-on-write): a server restored from the snapshot and given the
+    same rounds ends where the server that went on ended, and both where the run with everything in memory did."""
+    from fakepeer import WORKER0, WORKER1, Requests
+    from kvstore_lazy import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from test_server import Peer
+    history = streams(rounds=40, span=20_000, batch=100)
+    free, _ = run(history)
+
+    def rounds(peer, workers, start, stop):
+        for step in range(start, stop):
+            for w, ids in zip(workers, history[step]):
+                peer.values(w.rsp_pull(KEY, ids))
+            sync_round(peer, workers, history[step], step)
+
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), disk_admit_window=2)
+    a, workers = server(settings=settings)
+    rounds(a, workers, 0, 20)
+    meta, snap = a.server.snapshot()
+    checkpoint.write_snapshot(tmp_path / "snap", 0, 1, snap, meta)
+    updated = a.server.keys[KEY].disk.counters["updated_in_place"]
+    rounds(a, workers, 20, 40)
+    assert a.server.keys[KEY].disk.counters["updated_in_place"] > updated
+    assert tables(a) == tables(free)
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
+                                                  disk_admit_window=2)))
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b.server.restore(loaded.manifest["server"], loaded.tables)
+    rounds(b, [Requests(WORKER0), Requests(WORKER1)], 20, 40)
+    assert tables(b) == tables(free)
