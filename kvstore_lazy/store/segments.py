@@ -71,7 +71,8 @@ INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this s
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
 READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
-WRITE_RING = False              # in-place writes through the ring too (buffered writes: the kernel punts them to its workers)
+WRITE_RING = False              # rewrite through the ring too (buffered writes: the kernel punts them to workers)
+REWRITE_IN_PLACE = True         # rewrite writes in place (False: appends, as for a segment a snapshot links)
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
@@ -351,7 +352,7 @@ class SegmentStore:
     def _writable(self, slot: int) -> bool:
         """Whether a segment may be written in place: only this directory links it (no snapshot holds it)."""
         try:
-            return os.fstat(self._wfd(slot)).st_nlink == 1
+            return REWRITE_IN_PLACE and os.fstat(self._wfd(slot)).st_nlink == 1
         except OSError as exc:
             raise DiskError(exc.errno, f"disk tier {self.path}: {self._names[slot]}: {exc.strerror or exc}") from exc
 

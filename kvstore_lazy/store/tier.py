@@ -21,7 +21,8 @@ from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, S
                        link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"
-MMAP_THRESHOLD = int(__import__('os').environ.get('H14D_MMAP', 131072))     # see _fix_mmap_threshold
+MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
+TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
@@ -29,10 +30,13 @@ _FIXED: list = []
 
 
 def _fix_mmap_threshold() -> None:
-    """Fix glibc's mmap threshold at 128 KiB (once per process). Demotions and promotions allocate and free
-    temporaries of tens of MB every round; glibc's default *dynamic* threshold rises to the largest freed mapping,
-    after which such temporaries come from the heap and are never returned: measured, 73 MiB of RSS above the
-    budget at 2M rows under 128 MiB. Fixed, they are mappings again, unmapped when freed. No glibc: nothing."""
+    """Fix glibc's mmap threshold at 4 MiB and its trim threshold at 16 MiB (once per process). Demotions and
+    budget passes allocate and free temporaries of tens of MB every round; glibc's default *dynamic* threshold
+    rises to the largest freed mapping, after which such temporaries come from the heap and are never returned:
+    measured, 73 MiB of RSS above the budget at 2M rows under 128 MiB. Fixed, those are mappings, unmapped when
+    freed. Not lower: a request's own temporaries (a few MB of records, weights, ids) then came from fresh
+    mappings every time, and their page faults (the kernel zeroing every page) cost more than the work on them:
+    at 128 KiB, 32-41 ms of CPU a Zipf step at 4.9M rows, at 4 MiB 22-24 ms (VmHWM +9 MiB). No glibc: nothing."""
     if _FIXED:
         return
     _FIXED.append(True)
@@ -40,8 +44,11 @@ def _fix_mmap_threshold() -> None:
         import ctypes
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, MMAP_THRESHOLD)        # M_MMAP_THRESHOLD
+        libc.mallopt(-1, TRIM_THRESHOLD)        # M_TRIM_THRESHOLD: free heap kept at its top before it is returned
     except (OSError, AttributeError):
         pass
+
+
 COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk", "updated_in_place")
 
 
@@ -87,6 +94,65 @@ def clear_dir(path: Path) -> None:
         shutil.rmtree(path)
 
 
+class RecordCache:
+    """Whole records of rows on disk that a request read in place (no room under the budget, or not admitted),
+    kept for the next touch of the same rows (the push after a pull) so they are not read again: valid for one
+    version of the store; a change that only drops or rewrites known rows (:meth:`forget`) keeps the others.
+    At most ``limit`` records (past it, it starts over). Parts as they were added, never copied as a whole."""
+
+    def __init__(self, limit: int, dtype: np.dtype) -> None:
+        self.limit, self.dtype = limit, dtype
+        self.version: int | None = None
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (ids ascending, records, alive)
+        self.size = 0
+
+    def clear(self) -> None:
+        self.version, self.parts, self.size = None, [], 0
+
+    def add(self, version: int, ids: np.ndarray, records: np.ndarray) -> None:
+        if self.version != version:
+            self.clear()
+        if self.size + len(ids) > self.limit:
+            self.clear()
+            return
+        if not len(ids):
+            return
+        order = np.argsort(ids, kind="stable")
+        self.parts.append((ids[order], pick(records, order), np.ones(len(ids), bool)))
+        self.size += len(ids)
+        self.version = version
+
+    def find(self, version: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A mask of the ``ids`` whose records are kept (for this version of the store), and those records in
+        the order of ``ids``."""
+        hit = np.zeros(len(ids), bool)
+        if self.version != version or not self.parts:
+            self.clear()
+            return hit, np.zeros(0, self.dtype)
+        found = []
+        for kept, records, alive in self.parts:
+            where = np.minimum(np.searchsorted(kept, ids), len(kept) - 1)
+            new = (kept[where] == ids) & alive[where] & ~hit
+            if new.any():
+                found.append((np.flatnonzero(new), records, where[new]))
+                hit |= new
+        out = np.empty(int(hit.sum()), self.dtype)
+        rank = np.cumsum(hit) - 1
+        for at, records, where in found:
+            put_at(out, rank[at], pick(records, where))
+        return hit, out
+
+    def forget(self, before: int, after: int, gone: np.ndarray) -> None:
+        """The store went from version ``before`` to ``after`` changing only the rows ``gone``: the others stay."""
+        if self.version != before:
+            self.clear()
+            return
+        for kept, _, alive in self.parts:
+            where = np.minimum(np.searchsorted(kept, gone), len(kept) - 1)
+            alive[where[kept[where] == gone]] = False
+        self.version = after
+
+
 class DiskTier:
     """Rows of one table on disk; see the module docstring. ``table`` is the in-memory table it pairs with."""
 
@@ -105,7 +171,7 @@ class DiskTier:
                                f"{self.record}")
         self.store = store
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self._cache: tuple | None = None      # (store version, ids ascending, their records): see read
+        self._cache = RecordCache(CACHE_ROWS, store.record_dtype)      # records read in place: see read
 
     @classmethod
     def open(cls, path, table: RowTable, verify: bool = True,
@@ -200,8 +266,8 @@ class DiskTier:
             if count:
                 self.count(int(len(ids) - absent.sum()), 0)
             return 0, none
-        cached, cached_records = self._cached(cold)          # read in place since the store last changed
-        valid = self._cache is not None
+        version = self.store.version
+        cached, cached_records = self._cache.find(version, cold)     # read in place since the store last changed
         present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
         if count:
             self.count(int(len(ids) - absent.sum()), int(cached.sum() + present.sum()))
@@ -234,32 +300,20 @@ class DiskTier:
             drop(in_r)
             if in_c.any():
                 self.store.delete(cold[at_cached[in_c]])
-            self._keep_cache(valid, moved)
+            self._cache.forget(version, self.store.version, moved)
             self.counters["promoted"] += len(moved)
         if keep and len(rest):
-            self._remember(rest["id"], rest)
+            self._cache.add(self.store.version, rest["id"], rest)
         return len(moved), rest
 
     @_fatal
     def write_back(self, records: np.ndarray) -> None:
         """Records of rows on disk that a push updated where they are (from :meth:`promote_or_keep`, their
         payloads changed): written back in place (SegmentStore.rewrite)."""
-        valid = self._cache is not None and self._cache[0] == self.store.version
+        version = self.store.version
         self.store.rewrite(records)
-        self._keep_cache(valid, records["id"])
+        self._cache.forget(version, self.store.version, records["id"])
         self.counters["updated_in_place"] += len(records)
-
-    def _keep_cache(self, valid: bool, gone: np.ndarray) -> None:
-        """The store changed only for the rows ``gone`` (promoted, or rewritten): the records kept for the others
-        stay valid (if they were before the change: ``valid``)."""
-        if not valid or self._cache is None or not len(self._cache[1]):
-            self._cache = None
-            return
-        _, ids, records = self._cache
-        where = np.minimum(np.searchsorted(ids, gone), len(ids) - 1)
-        keep = np.ones(len(ids), bool)
-        keep[where[ids[where] == gone]] = False
-        self._cache = (self.store.version, ids[keep], pick(records, keep))
 
     @_fatal
     def read(self, row_ids) -> dict:
@@ -268,7 +322,7 @@ class DiskTier:
         after a pull that found no room) takes them from there instead of reading them again."""
         ids = as_row_ids(row_ids)
         order, records = self.store.get_records(ids)
-        self._remember(ids[order], records)
+        self._cache.add(self.store.version, ids[order], records)
         out = np.empty(len(records), self.store.record_dtype)
         put_at(out, order, records)
         return self._unpack(ids, out["payload"])
@@ -280,36 +334,15 @@ class DiskTier:
         ids = as_row_ids(row_ids)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
-        cached, cached_records = self._cached(ids)
+        cached, cached_records = self._cache.find(self.store.version, ids)
         if cached.any():               # kept by a promotion that did not admit them, or an earlier read
             kernels.scatter_fields(cached_records, at[cached], [(out, w)])
             ids, at = ids[~cached], at[~cached]
             if not len(ids):
                 return
         order, records = self.store.get_records(ids)
-        self._remember(ids[order], records)
+        self._cache.add(self.store.version, ids[order], records)
         kernels.scatter_fields(records, at[order], [(out, w)])
-
-    def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
-        version = self.store.version
-        if self._cache is not None and self._cache[0] == version:
-            ids, records = np.concatenate([self._cache[1], ids]), join([self._cache[2], records])
-        if len(ids) > CACHE_ROWS:
-            self._cache = None
-            return
-        ids, first = np.unique(ids, return_index=True)   # (an id read twice has the same record both times)
-        self._cache = (version, ids, pick(records, first))
-
-    def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
-        and those records in ``cold``'s order."""
-        if self._cache is None or self._cache[0] != self.store.version or not len(self._cache[1]):
-            self._cache = None
-            return np.zeros(len(cold), bool), np.zeros(0, self.store.record_dtype)
-        _, ids, records = self._cache
-        where = np.minimum(np.searchsorted(ids, cold), len(ids) - 1)
-        hit = ids[where] == cold
-        return hit, pick(records, where[hit])
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""

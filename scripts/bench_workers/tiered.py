@@ -146,10 +146,13 @@ def main() -> int:
     parser.add_argument("--evict", default="lru", help="eviction policy (KVSTORE_LAZY_EVICT: lru, lfu)")
     parser.add_argument("--admit-window", type=int, default=None,
                         help="KVSTORE_LAZY_DISK_ADMIT_WINDOW (rounds; 0: every touched row comes back)")
+    parser.add_argument("--append-rewrites", action="store_true",
+                        help="rows updated on disk are appended anew, not written in place (segments.REWRITE_IN_PLACE)")
     args = parser.parse_args()
     budget = parse_bytes(args.budget)
     from kvstore_lazy.store import kernels, segments
     segments.READ_RING = not args.pread
+    segments.REWRITE_IN_PLACE = not args.append_rewrites
     segments.READ_THREADS = args.read_threads or segments.READ_THREADS
     print(f"reads: {'pread' if args.pread or not kernels.uring_available() else 'io_uring'}, "
           f"{segments.READ_THREADS} threads")
@@ -165,7 +168,7 @@ def main() -> int:
     trace = HwmTrace() if args.rss_trace else None
     rng = np.random.default_rng(0)
     grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
-    profile = cProfile.Profile() if args.profile else None
+    profile = cProfile.Profile(time.process_time) if args.profile else None     # CPU, the kernel's included
 
     walls: list[float] = []
 
