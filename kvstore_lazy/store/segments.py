@@ -25,9 +25,13 @@ Durability. The index file is the commit point: :meth:`SegmentStore.commit` fsyn
 last commit, then writes ``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened
 again holds exactly what the last commit held; records appended after it are unreferenced garbage. A segment a
 compaction emptied is deleted at once, unless this directory's committed index refers to it (then at the next
-commit). Since no byte of a segment is rewritten below its committed fill, a commit into another directory
-(:meth:`commit` with ``into``, for a server snapshot) can hard-link the segment files instead of copying them (a
-snapshot holding a segment keeps its own link when the store deletes it).
+commit). A commit into another directory (:meth:`commit` with ``into``, for a server snapshot) hard-links the
+segment files instead of copying them (a snapshot holding a segment keeps its own link when the store deletes
+it): appends only ever write past the committed fill, and :meth:`rewrite` (records updated where they are: the
+disk tier's rows a push updated without bringing them into memory) writes in place only into a segment no other
+directory links (``st_nlink`` 1); one a snapshot shares gets the records appended anew (copy-on-write). A
+record written in place is sealed again for its location, so a torn write is a failed check, never wrong values
+(and the live directory is never what a restart recovers from: the snapshot is).
 
 Damage. Every record carries a check (a position-weighted sum of its 32-bit words, its location and id mixed in),
 verified on every read and, at :meth:`open` with ``verify``, for every committed record: a damaged, truncated or
@@ -272,7 +276,7 @@ class SegmentStore:
         put_at(out, order, records)
         return out["payload"]
 
-    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
+    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[..., None]]:
         """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
         their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
         changes the store). For moving rows out: read, place them elsewhere, then drop."""
@@ -281,7 +285,7 @@ class SegmentStore:
         put_at(out, order, records)
         return present, out["payload"], drop
 
-    def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[], None]]:
+    def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[..., None]]:
         """:meth:`take_present` as whole records in file order, without reordering them: ``(present, order, records,
         drop)``, ``records[j]`` (checked) the record of ``row_ids[present][order[j]]``."""
         ids = as_row_ids(row_ids)
