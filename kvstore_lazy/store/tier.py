@@ -318,8 +318,9 @@ class DiskTier:
     @_fatal
     def read(self, row_ids) -> dict:
         """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them. Their records
-        are kept until the store next changes (at most CACHE_ROWS of them): a promotion of the same rows (the push
-        after a pull that found no room) takes them from there instead of reading them again."""
+        are kept until the store next changes (promotions and updates of other rows keep them; at most CACHE_ROWS of
+        them: RecordCache): a promotion of the same rows (the push after a pull that found no room) takes them from
+        there instead of reading them again."""
         ids = as_row_ids(row_ids)
         order, records = self.store.get_records(ids)
         self._cache.add(self.store.version, ids[order], records)
