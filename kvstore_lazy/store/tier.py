@@ -246,7 +246,7 @@ class DiskTier:
         and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``. With
         `admit` (the memory tier's admission: a function of a batch of records, their payloads' columns, giving a
         mask) only the rows it admits come in; the records of the others are kept as :meth:`read` keeps them (so a
-        pull answers them from there, :meth:`take_rest` hands them to a push)."""
+        pull answers them from there; :meth:`promote_or_keep` hands them to a push instead)."""
         return self._bring(table, row_ids, count, known_absent, admit)[0]
 
     @_fatal
