@@ -65,16 +65,19 @@ def test_admission_and_ttl_act_on_both_tiers(tmp_path):
     assert (s["admitted"], s["dropped"], s["evicted_ttl"]) == (f["admitted"], f["dropped"], f["evicted_ttl"])
 
 
-def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path):
+@pytest.mark.parametrize("window", [0, 2])
+def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, window):
     """Snapshots (full, then deltas) hold the disk tier as a committed store with hard-linked segments; a server
-    restored from them (into another disk directory) continues exactly."""
+    restored from them (into another disk directory) continues exactly. With an admission window (rows updated
+    where they are on disk), a segment a snapshot links is never written in place (copy-on-write)."""
     from fakepeer import WORKER0, WORKER1, Requests
     from kvstore_lazy import checkpoint
     from kvstore_lazy.server.core import KVServer
     from test_server import Peer
     history = streams(rounds=40, span=20_000, batch=100)
     free, _ = run(history)
-    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True,
+                        disk_admit_window=window)
     a, workers = server(settings=settings)
     chain = checkpoint.SnapshotChain(tmp_path / "snap", 0, 1, compact_ratio=100.0)
     for step, per_worker in enumerate(history[:20]):
@@ -90,8 +93,10 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path):
     seg = next((tmp_path / "snap" / "rank0" / "delta-000003" / f"key{KEY}.disk").glob("seg-*.dat"))
     assert seg.stat().st_nlink >= 2, "segments are hard-linked, not copied"
     loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    if window:        # the snapshots' records were verified above (load_snapshot): rewrites went around them
+        assert a.server.keys[KEY].disk.counters["updated_in_place"] > 0
     b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
-                                                  track_changes=True)))
+                                                  track_changes=True, disk_admit_window=window)))
     b.server.restore(loaded.manifest["server"], loaded.tables)
     assert b.server.inspect() == a.server.inspect()
     wb = [Requests(WORKER0), Requests(WORKER1)]
@@ -190,3 +195,74 @@ def test_demotion_in_small_chunks_and_either_read_path_stay_bit_identical(tmp_pa
     written = sum(store._fill.values())      # within the store-wide ratio, or only the active segment has garbage
     assert written - len(store) <= 0.1 * written or all(store._live[x] == 32 for x in store._sealed())
     assert tables(tier) == tables(free)
+
+
+@pytest.mark.parametrize("evict,optimizer,policy", [
+    ("lru", ("sgd", {"learning_rate": 0.1, "momentum": 0.9}), {}),
+    ("lfu", ("adam", {"learning_rate": 0.01}), {}),       # Adam: the step count (t) must be counted once a round
+    ("lru", ("sgd", {"learning_rate": 0.1, "momentum": 0.9}), {"admit_min_count": 2, "ttl_rounds": 16})])
+def test_rows_the_memory_tier_does_not_admit_are_updated_on_disk_bit_identical(tmp_path, evict, optimizer, policy):
+    """KVSTORE_LAZY_DISK_ADMIT_WINDOW: a row on disk not pushed in the key's last W rounds is updated where it is
+    (the optimizer on its record's bytes, written back in place) instead of coming back into memory: every value
+    is still the run's with everything in memory, and fewer rows move."""
+    history = streams(rounds=40, span=20_000, batch=100)
+    free, free_pulls = run(history, optimizer=optimizer, **policy)
+    out = {}
+    for window in (0, 2):
+        settings = Settings(memory_budget=BUDGET, evict=evict, disk_dir=str(tmp_path / f"w{window}"),
+                            disk_admit_window=window)
+        tier, tier_pulls = run(history, settings, optimizer=optimizer, **policy)
+        assert all(np.array_equal(a, b) for a, b in zip(free_pulls, tier_pulls))
+        assert tables(tier) == tables(free)
+        entry = tier.server.keys[KEY]
+        out[window] = (key_stats(tier), dict(entry.disk.counters), dict(entry.disk.store.counters))
+        opt = tier.server.optimizer
+        assert opt.update_count(KEY) == free.server.optimizer.update_count(KEY) == len(history)
+    (s0, c0, _), (s2, c2, st2) = out[0], out[2]
+    assert c0["updated_in_place"] == 0 and c2["updated_in_place"] > 100
+    assert st2["records_rewritten"] > 0, "records written back where they are"
+    assert c2["promoted"] < c0["promoted"] and c2["demoted"] < c0["demoted"]
+    if policy:
+        assert s2["expired_disk"] > 0 and (s2["admitted"], s2["dropped"]) == (s0["admitted"], s0["dropped"])
+
+
+def test_the_admission_window_is_a_checked_setting():
+    assert Settings.from_env({"KVSTORE_LAZY_DISK_ADMIT_WINDOW": "8"}).disk_admit_window == 8
+    assert Settings().disk_admit_window == 0
+    for bad in ("-1", "x", "1.5"):
+        with pytest.raises(ValueError, match="KVSTORE_LAZY_DISK_ADMIT_WINDOW"):
+            Settings.from_env({"KVSTORE_LAZY_DISK_ADMIT_WINDOW": bad})
+
+
+def test_rows_updated_on_disk_after_a_snapshot_leave_the_snapshot_as_it_was(tmp_path):
+    """The snapshot hard-links the tier's segments; rows the server then updates on disk (admission window) must
+    not be written into those shared files (copy-on-write): a server restored from the snapshot and given the
+    same rounds ends where the server that went on ended, and both where the run with everything in memory did."""
+    from fakepeer import WORKER0, WORKER1, Requests
+    from kvstore_lazy import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from test_server import Peer
+    history = streams(rounds=40, span=20_000, batch=100)
+    free, _ = run(history)
+
+    def rounds(peer, workers, start, stop):
+        for step in range(start, stop):
+            for w, ids in zip(workers, history[step]):
+                peer.values(w.rsp_pull(KEY, ids))
+            sync_round(peer, workers, history[step], step)
+
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), disk_admit_window=2)
+    a, workers = server(settings=settings)
+    rounds(a, workers, 0, 20)
+    meta, snap = a.server.snapshot()
+    checkpoint.write_snapshot(tmp_path / "snap", 0, 1, snap, meta)
+    updated = a.server.keys[KEY].disk.counters["updated_in_place"]
+    rounds(a, workers, 20, 40)
+    assert a.server.keys[KEY].disk.counters["updated_in_place"] > updated
+    assert tables(a) == tables(free)
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
+                                                  disk_admit_window=2)))
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
+    b.server.restore(loaded.manifest["server"], loaded.tables)
+    rounds(b, [Requests(WORKER0), Requests(WORKER1)], 20, 40)
+    assert tables(b) == tables(free)

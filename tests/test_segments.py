@@ -336,3 +336,52 @@ def test_records_filled_in_place_are_put_as_put_puts_them(tmp_path):
     with pytest.raises(ValueError, match="records of dtype"):
         store.put_records(payload(ids))
     assert len(store) == 20 and store.counters["records_written"] == 20
+
+
+def test_rewrite_writes_each_record_at_its_own_location_and_copies_on_write_after_a_snapshot(tmp_path):
+    """SegmentStore.rewrite: records whose payload changed go back where they are (same segment, same offset, the
+    check sealed again: a reopened store verifies them), nothing else in the files changes, no index change, no
+    garbage; once a snapshot links the segments (commit into another directory), rewrites are appended instead
+    and the snapshot keeps what it committed."""
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
+    ids = np.arange(40, dtype=np.uint64) * np.uint64(7)
+    store.put(ids, payload(ids))
+    files = {f.name: f.read_bytes() for f in sorted((tmp_path / "s").glob("seg-*.dat"))}
+    some = ids[[3, 4, 17, 31, 39]]                     # in three segments, two of them adjacent
+    where = store._locations(store._index.lookup(some)).copy()
+    order, records = store.get_records(some)
+    records["payload"] = payload(some[order], 5.0)
+    written = dict(store.counters)
+    assert store.rewrite(records) == len(some)
+    assert np.array_equal(store._locations(store._index.lookup(some)), where), "no index change"
+    assert store.counters["records_written"] == written["records_written"], "nothing appended: no garbage"
+    assert store.stats()["garbage_records"] == 0
+    assert store.get(some).tobytes() == payload(some, 5.0).tobytes()
+    rest = np.setdiff1d(ids, some)
+    assert store.get(rest).tobytes() == payload(rest).tobytes()
+    # byte for byte: each record at its own location, every other byte of every file as it was
+    size = store.record_bytes
+    expect = {name: bytearray(data) for name, data in files.items()}
+    for rid, loc in zip(some, where):
+        slot, offset = int(loc) >> store._shift, int(loc) & (store.segment_rows - 1)
+        _, (record,) = store.get_records(np.array([rid], np.uint64))
+        expect[store._names[slot]][offset * size:(offset + 1) * size] = record.tobytes()
+    assert {f.name: f.read_bytes() for f in sorted((tmp_path / "s").glob("seg-*.dat"))} == expect
+    store.commit()
+    again = SegmentStore.open(tmp_path / "s")          # verify=True: every check (resealed in place) holds
+    assert again.get(some).tobytes() == payload(some, 5.0).tobytes()
+    again.close()
+    # a snapshot links the segments: the next rewrite must not touch them
+    store.commit(into=tmp_path / "snap")
+    order, records = store.get_records(some)
+    records["payload"] = payload(some[order], 9.0)
+    assert store.rewrite(records) == 0
+    assert store.counters["records_written"] == written["records_written"] + len(some)     # appended anew
+    assert store.get(some).tobytes() == payload(some, 9.0).tobytes()
+    snap = SegmentStore.open(tmp_path / "snap")
+    assert snap.get(some).tobytes() == payload(some, 5.0).tobytes()
+    assert snap.get(rest).tobytes() == payload(rest).tobytes()
+    with pytest.raises(KeyError, match="not in the store"):
+        store.rewrite(store.new_records(np.array([1], np.uint64)))
+    with pytest.raises(ValueError, match="records of dtype"):
+        store.rewrite(np.zeros(2, np.uint64))

@@ -324,6 +324,53 @@ class RowSparseKey:
         if self.disk is not None:
             self.disk.promote(self._table, row_ids, count=count)
 
+    def _disk_admit(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The memory tier's admission of rows on disk (KVSTORE_LAZY_DISK_ADMIT_WINDOW W rounds): a row comes back
+        into memory when it was pushed in the key's last W rounds (its record's last push round), else it is
+        served where it is; a function of a batch of record payloads giving the admitted mask. None: no disk tier,
+        or W = 0 (every touched row comes back). Deterministic: rounds and the records' columns only."""
+        if self.disk is None or self.policy is None:
+            return None
+        window = self.policy.lifecycle.settings.disk_admit_window
+        if not window:
+            return None
+        since = np.int32(max(self.policy.round - window, -(1 << 31)))
+        return lambda payload: payload["c_last"] >= since
+
+    def _update_on_disk(self, row_ids: np.ndarray, values: np.ndarray, records: np.ndarray,
+                        optimizer: Optimizer | None) -> tuple[np.ndarray, np.ndarray]:
+        """Push `values` (rows of `row_ids`) into the rows of `records` (whole disk records of some of those rows,
+        not admitted into memory): the same optimizer code on a scratch batch of their bytes, their policy columns
+        stamped as a push stamps them, written back in place (DiskTier.write_back). The optimizer's update count
+        is left as it was: the round's one count comes with the rows in memory (apply calls _update once, also
+        with no rows). Returns the row ids and values still to apply."""
+        sorter = np.argsort(row_ids, kind="stable")
+        pos = sorter[np.searchsorted(row_ids, records["id"], sorter=sorter)]
+        payload = records["payload"]
+        weights = np.ascontiguousarray(payload["w"])
+        states = [np.ascontiguousarray(payload[f"s{i}"]) for i in range(self._table.num_states)]
+        grad = np.ascontiguousarray(values[pos])
+        if optimizer is None:
+            weights[...] = grad
+        else:
+            counts = optimizer._index_update_count
+            had, count, num = self.key in counts, counts.get(self.key), optimizer.num_update
+            if not optimizer.update_rows(self.key, weights, states, np.arange(len(pos), dtype=np.int64), grad):
+                optimizer.update(self.key, weights, grad, states, row_sparse=True)
+            if had:
+                counts[self.key] = count
+            else:
+                counts.pop(self.key, None)
+            optimizer.num_update = num
+        payload["w"] = weights
+        for i, state in enumerate(states):
+            payload[f"s{i}"] = state
+        self.policy.pushed_on_disk(payload)
+        self.disk.write_back(records)
+        rest = np.ones(len(row_ids), bool)
+        rest[pos] = False
+        return row_ids[rest], np.ascontiguousarray(values[rest])
+
     def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
         return np.zeros((len(row_ids), self.row_size), self._table.dtype)
 
@@ -370,7 +417,13 @@ class RowSparseKey:
         if len(local_ids) == 0:
             return
         row_ids = self.row_ids_of(local_ids)
-        self._promote(row_ids)       # rows on disk have a row: admission must see them
+        admit = self._disk_admit()
+        if admit is None:
+            self._promote(row_ids)   # rows on disk have a row: admission must see them
+        else:                        # rows on disk the memory tier does not admit are updated where they are
+            _, records = self.disk.promote_or_keep(self._table, row_ids, admit)
+            if len(records):
+                row_ids, values = self._update_on_disk(row_ids, values, records, optimizer)
         if self.policy is not None:
             keep = self.policy.admit(self._table, row_ids)
             if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
@@ -403,7 +456,18 @@ class RowSparseKey:
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
             store = False            # rows wait for admission: a pull never creates one
-        if store or self.spec is None:
+        admit = self._disk_admit()
+        if (store or self.spec is None) and admit is not None:
+            # rows on disk the memory tier admits come back, the others are read where they are; absent rows
+            # that are not on disk either are created
+            self.disk.promote(self._table, row_ids, count=True, admit=admit)
+            on_disk = self._table.lookup(row_ids) < 0
+            on_disk[on_disk] = self.disk.contains(row_ids[on_disk])
+            rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            rows[~on_disk] = self._table.weights(self._slots_for(row_ids[~on_disk], promoted=True))
+            if on_disk.any():
+                self.disk.read_weights(row_ids[on_disk], rows, np.flatnonzero(on_disk))
+        elif store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             if known_absent and self.disk is None:
@@ -418,13 +482,14 @@ class RowSparseKey:
                     # room under the budget even if every absent row were on disk: they come back (one probe of
                     # the disk index; the hit rate counts them as promote finds them)
                     self.disk.count(hits=len(row_ids) - len(cold))
-                    self.disk.promote(self._table, cold, count=True, known_absent=True)
+                    self.disk.promote(self._table, cold, count=True, known_absent=True, admit=admit)
                     slots = self._table.lookup(row_ids)
                 else:
                     on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
                     self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))
                     if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
-                        self._promote(cold, count=False)   # room under the budget: they come back
+                        # room under the budget: they come back (those the memory tier admits)
+                        self.disk.promote(self._table, cold, count=False, admit=admit)
                         slots = self._table.lookup(row_ids)
             rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
             present = slots >= 0

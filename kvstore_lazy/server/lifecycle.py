@@ -175,6 +175,8 @@ class Settings:
     disk_dir: str = ""                  # KVSTORE_LAZY_DISK_DIR: rows the budget pushes out go there (the disk tier)
     disk_segment_rows: int = 1 << 16    # KVSTORE_LAZY_DISK_SEGMENT_ROWS: records per segment file (a power of two)
     disk_compact: float = 0.25          # KVSTORE_LAZY_DISK_COMPACT: garbage share that gets a sealed segment compacted
+    disk_admit_window: int = 0          # KVSTORE_LAZY_DISK_ADMIT_WINDOW: a row on disk comes back into memory only if
+                                        # pushed in its key's last W rounds (else it is updated where it is); 0: always
 
     def __post_init__(self) -> None:
         if self.evict not in EVICT_KINDS:
@@ -184,6 +186,7 @@ class Settings:
         _whole("memory_budget", self.memory_budget, 0, 1 << 62)
         _whole("disk_segment_rows", self.disk_segment_rows, 1, 1 << 30)
         _real("disk_compact", self.disk_compact, 0.0, 1.0, lo_open=True)
+        _whole("disk_admit_window", self.disk_admit_window, 0, MAX_ROUNDS)
         if self.disk_segment_rows & (self.disk_segment_rows - 1):
             raise ValueError(f"disk_segment_rows must be a power of two, got {self.disk_segment_rows}")
 
@@ -225,7 +228,8 @@ class Settings:
         for option, name, kind in (("low_watermark", "KVSTORE_LAZY_LOW_WATERMARK", float),
                                    ("admit_cap", "KVSTORE_LAZY_ADMIT_CAP", int),
                                    ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int),
-                                   ("disk_compact", "KVSTORE_LAZY_DISK_COMPACT", float)):
+                                   ("disk_compact", "KVSTORE_LAZY_DISK_COMPACT", float),
+                                   ("disk_admit_window", "KVSTORE_LAZY_DISK_ADMIT_WINDOW", int)):
             text = env.get(name, "").strip()
             if text:
                 options[option] = number(name, text, kind)
@@ -237,7 +241,8 @@ class Settings:
     def to_json(self) -> dict:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
                 "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
-                "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact}
+                "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact,
+                "disk_admit_window": self.disk_admit_window}
 
 
 COUNTERS = ("admitted", "dropped", "evicted_ttl", "evicted_budget", "forgotten")
@@ -342,6 +347,14 @@ class RowPolicy:
             self._admitted = None
         if self.policy.ttl_seconds:
             table.column("stamp")[slots] = self.lifecycle.clock
+
+    def pushed_on_disk(self, payload: np.ndarray) -> None:
+        """:meth:`pushed` for rows a push updated where they are on disk: ``payload``, their records' payloads
+        (the columns are its ``c_<name>`` fields), stamped in place. No admitted ids among them (they had rows)."""
+        payload["c_last"] = self.round
+        payload["c_count"] += np.uint32(1)
+        if self.policy.ttl_seconds:
+            payload["c_stamp"] = self.lifecycle.clock
 
     # -- eviction points
 

@@ -303,6 +303,26 @@ static int64_t read_rest(int fd, char *out, int64_t offset, int64_t want, int64_
     return 0;
 }
 
+/* read_rest's counterpart for writes: `want` bytes of `buf` to `offset` of `fd`, from byte `done` on; 0 or an
+ * errno (a write that makes no progress is EIO), with the byte reached in *reached. */
+static int64_t write_rest(int fd, const char *buf, int64_t offset, int64_t want, int64_t done, int64_t *reached) {
+    while (done < want) {
+        ssize_t put = pwrite(fd, buf + done, (size_t)(want - done), (off_t)(offset + done));
+        if (put < 0) {
+            if (errno == EINTR) continue;
+            *reached = done;
+            return errno;
+        }
+        if (put == 0) { *reached = done; return EIO; }
+        done += put;
+    }
+    return 0;
+}
+
+static int64_t rest(int write, int fd, char *buf, int64_t offset, int64_t want, int64_t done, int64_t *reached) {
+    return write ? write_rest(fd, buf, offset, want, done, reached) : read_rest(fd, buf, offset, want, done, reached);
+}
+
 /* The end of the run of rows from i on that are adjacent in one file (the caller sorts by file and offset). */
 static int64_t run_end(const int32_t *fds, const int64_t *offsets, int64_t i, int64_t n, int64_t size, int64_t max) {
     int64_t j = i + 1;
@@ -310,11 +330,11 @@ static int64_t run_end(const int32_t *fds, const int64_t *offsets, int64_t i, in
     return j;
 }
 
-static int64_t pread_loop(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
-                          int64_t *failed) {
+static int64_t pio_loop(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
+                        int64_t *failed, int write) {
     for (int64_t i = 0, j; i < n; i = j) {
         j = run_end(fds, offsets, i, n, size, INT64_MAX);
-        int64_t reached = 0, err = read_rest(fds[i], out + i * size, offsets[i], (j - i) * size, 0, &reached);
+        int64_t reached = 0, err = rest(write, fds[i], out + i * size, offsets[i], (j - i) * size, 0, &reached);
         if (err) { *failed = i + reached / size; return err; }
     }
     return 0;
@@ -375,8 +395,8 @@ static int ring_open(struct ring *r) {
     return 0;
 }
 
-/* pread_loop through a ring; -2 if no ring could be set up (the caller falls back). Every read submitted is
- * reaped before it returns, also after a failure (the lowest failing row is reported, as pread_loop would). */
+/* pio_loop through a ring; -2 if no ring could be set up (the caller falls back). Every read submitted is
+ * reaped before it returns, also after a failure (the lowest failing row is reported, as pio_loop would). */
 /* Each thread's ring, set up by its first batch and kept (setting one up costs ~50 us, a batch of reads a few
  * ms): empty between calls (every read is reaped before a call returns), dropped after any failure, and set up
  * anew in a forked child (pid), which must not share its parent's ring. A thread that ends leaves its ring open
@@ -394,7 +414,7 @@ static struct ring *ring_of_thread(void) {
 }
 
 static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
-                          int64_t *failed) {
+                          int64_t *failed, int write) {
     struct ring *kept = ring_of_thread();
     if (!kept) return -2;
     struct ring r = *kept;
@@ -409,7 +429,7 @@ static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
             unsigned idx = tail & *r.sq_mask;
             struct io_uring_sqe *e = &r.sqes[idx];
             memset(e, 0, sizeof *e);
-            e->opcode = IORING_OP_READ;
+            e->opcode = write ? IORING_OP_WRITE : IORING_OP_READ;
             e->fd = fds[i];
             e->off = (uint64_t)offsets[i];
             e->addr = (uint64_t)(uintptr_t)(out + i * size);
@@ -439,7 +459,7 @@ static int64_t uring_loop(const int32_t *fds, const int64_t *offsets, int64_t n,
             int64_t want = cnt * size, res = c->res, reached = 0, e;
             /* a failed read (or one this kernel's ring cannot do: IORING_OP_READ is 5.6+) is done again with
              * pread, which gives the error if there is one; a short one is finished by pread */
-            e = read_rest(fds[row], out + row * size, offsets[row], want, res < 0 ? 0 : res, &reached);
+            e = rest(write, fds[row], out + row * size, offsets[row], want, res < 0 ? 0 : res, &reached);
             if (e && row + reached / size < bad) { bad = row + reached / size; err = e; }
         }
         __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
@@ -471,17 +491,30 @@ int64_t uring_available(void) {
  * ring of reads), else one pread each. Returns 0; or the errno of the first failed read (-1 for a short read: a
  * truncated file), in *failed the row where it failed. Called through ctypes, which releases the GIL: a thread pool
  * reads parts in parallel. */
-int64_t pread_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
-                      int64_t *failed, int64_t ring) {
+static int64_t pio_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *buf,
+                           int64_t *failed, int64_t ring, int write) {
 #ifdef HAVE_URING
     if (ring && n > 1) {
-        int64_t err = uring_loop(fds, offsets, n, size, out, failed);
+        int64_t err = uring_loop(fds, offsets, n, size, buf, failed, write);
         if (err != -2) return err;
     }
 #else
     (void)ring;
 #endif
-    return pread_loop(fds, offsets, n, size, out, failed);
+    return pio_loop(fds, offsets, n, size, buf, failed, write);
+}
+
+int64_t pread_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *out,
+                      int64_t *failed, int64_t ring) {
+    return pio_records(fds, offsets, n, size, out, failed, ring, 0);
+}
+
+/* pread_records the other way: row i of `in` (`size` bytes) written to `offsets[i]` of `fds[i]` (in place: the
+ * disk tier's write-back of records it updated where they are), adjacent rows one write, through the ring where
+ * there is one. Returns 0, or the errno of the first failed write (*failed: its row). */
+int64_t pwrite_records(const int32_t *fds, const int64_t *offsets, int64_t n, int64_t size, char *in,
+                       int64_t *failed, int64_t ring) {
+    return pio_records(fds, offsets, n, size, in, failed, ring, 1);
 }
 
 /* The check of each of n records of `nwords` 32-bit words (segments.py): a position-weighted sum of the words

@@ -42,6 +42,7 @@ _SIGNATURES = {
     "log_unit_f64": [_ptr, _i64, _ptr],
     "sincos_f64": [_ptr, _i64, _ptr, _ptr],
     "pread_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
+    "pwrite_records": [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
     "uring_available": [],
     "record_checks": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
     "record_seal": [_ptr, _i64, _i64, _ptr, _ptr, _i64],
@@ -51,7 +52,7 @@ _SIGNATURES = {
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
-             "uring_available": _i64}
+             "pwrite_records": _i64, "uring_available": _i64}
 
 
 class KernelLoadError(ImportError):
@@ -243,12 +244,23 @@ def pread_records(fds: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarr
     io_uring available: else it falls back by itself) the reads go through an io_uring, a ring of them a system
     call; else one ``pread`` each. Returns ``(0, -1)``, or ``(errno, row)`` of the first failed read (errno -1: the
     file ended early). Releases the GIL while it reads."""
+    return _pio("pread_records", fds, offsets, size, out, ring)
+
+
+def pwrite_records(fds: np.ndarray, offsets: np.ndarray, size: int, data: np.ndarray,
+                   ring: bool = True) -> tuple[int, int]:
+    """:func:`pread_records` the other way: row i of ``data`` written at ``offsets[i]`` of ``fds[i]`` (opened for
+    writing); ``(0, -1)`` or ``(errno, row)`` of the first failed write."""
+    return _pio("pwrite_records", fds, offsets, size, data, ring)
+
+
+def _pio(name: str, fds, offsets, size: int, buf: np.ndarray, ring: bool) -> tuple[int, int]:
     fds, offsets = np.ascontiguousarray(fds, np.int32), np.ascontiguousarray(offsets, np.int64)
-    if len(fds) != len(offsets) or not out.flags.c_contiguous or out.nbytes != len(fds) * size:
-        raise ValueError(f"pread_records: {len(fds)} fds, {len(offsets)} offsets, {out.nbytes} bytes of output "
-                         f"for records of {size} bytes")
+    if len(fds) != len(offsets) or not buf.flags.c_contiguous or buf.nbytes != len(fds) * size:
+        raise ValueError(f"{name}: {len(fds)} fds, {len(offsets)} offsets, {buf.nbytes} bytes of records of "
+                         f"{size} bytes")
     failed = np.full(1, -1, np.int64)
-    err = _lib.pread_records(_addr(fds), _addr(offsets), len(fds), int(size), _addr(out), _addr(failed), int(ring))
+    err = getattr(_lib, name)(_addr(fds), _addr(offsets), len(fds), int(size), _addr(buf), _addr(failed), int(ring))
     return int(err), int(failed[0])
 
 

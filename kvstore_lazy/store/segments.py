@@ -25,9 +25,13 @@ Durability. The index file is the commit point: :meth:`SegmentStore.commit` fsyn
 last commit, then writes ``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened
 again holds exactly what the last commit held; records appended after it are unreferenced garbage. A segment a
 compaction emptied is deleted at once, unless this directory's committed index refers to it (then at the next
-commit). Since no byte of a segment is rewritten below its committed fill, a commit into another directory
-(:meth:`commit` with ``into``, for a server snapshot) can hard-link the segment files instead of copying them (a
-snapshot holding a segment keeps its own link when the store deletes it).
+commit). A commit into another directory (:meth:`commit` with ``into``, for a server snapshot) hard-links the
+segment files instead of copying them (a snapshot holding a segment keeps its own link when the store deletes
+it): appends only ever write past the committed fill, and :meth:`rewrite` (records updated where they are: the
+disk tier's rows a push updated without bringing them into memory) writes in place only into a segment no other
+directory links (``st_nlink`` 1); one a snapshot shares gets the records appended anew (copy-on-write). A
+record written in place is sealed again for its location, so a torn write is a failed check, never wrong values
+(and the live directory is never what a restart recovers from: the snapshot is).
 
 Damage. Every record carries a check (a position-weighted sum of its 32-bit words, its location and id mixed in),
 verified on every read and, at :meth:`open` with ``verify``, for every committed record: a damaged, truncated or
@@ -71,6 +75,8 @@ INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this s
 READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
 READ_SPLIT = 2048               # ... of at least this many records each
 READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
+WRITE_RING = False              # rewrite through the ring too (buffered writes: the kernel punts them to workers)
+REWRITE_IN_PLACE = True         # rewrite writes in place (False: appends, as for a segment a snapshot links)
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
@@ -148,12 +154,14 @@ class SegmentStore:
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
         self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
+        self._wfds: dict[int, int] = {}                     # segment slot -> one for writes in place (rewrite)
         self._active: int | None = None
         self._next_number = 1
         self._dirty: set[str] = set()                       # segment files written since the last commit
         self._retired: list[str] = []                       # files to delete at the next commit
         self._committed: set[str] = set()                   # segments this directory's index.npz refers to
-        self.counters = {"records_written": 0, "records_read": 0, "compactions": 0, "segments_compacted": 0}
+        self.counters = {"records_written": 0, "records_read": 0, "records_rewritten": 0, "compactions": 0,
+                         "segments_compacted": 0}
         self.version = 0                                    # +1 at every change of what is stored (writes, drops)
         if _create:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -265,19 +273,19 @@ class SegmentStore:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
         order, records = self.get_records(row_ids)
         out = np.empty(len(records), self.record_dtype)
-        out[order] = records
+        put_at(out, order, records)
         return out["payload"]
 
-    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[[], None]]:
+    def take_present(self, row_ids) -> tuple[np.ndarray, np.ndarray, Callable[..., None]]:
         """``(present, payloads, drop)`` for ``row_ids`` (unique) with one index probe: a mask of the ids stored,
         their payloads (in their order), and ``drop()`` to delete them afterwards (call it before anything else
         changes the store). For moving rows out: read, place them elsewhere, then drop."""
         present, order, records, drop = self.take_records(row_ids)
         out = np.empty(len(records), self.record_dtype)
-        out[order] = records
+        put_at(out, order, records)
         return present, out["payload"], drop
 
-    def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[], None]]:
+    def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[..., None]]:
         """:meth:`take_present` as whole records in file order, without reordering them: ``(present, order, records,
         drop)``, ``records[j]`` (checked) the record of ``row_ids[present][order[j]]``."""
         ids = as_row_ids(row_ids)
@@ -289,9 +297,11 @@ class SegmentStore:
         else:
             order, records = np.zeros(0, np.int64), np.zeros(0, self.record_dtype)
 
-        def drop() -> None:
-            if len(index):
-                self._drop(index)
+        def drop(which: np.ndarray | None = None) -> None:
+            """Delete the rows read (with ``which``, a mask over ``records``: those only)."""
+            gone = index if which is None else index[order[which]]
+            if len(gone):
+                self._drop(gone)
 
         return present, order, records, drop
 
@@ -303,6 +313,52 @@ class SegmentStore:
         if (index < 0).any():
             raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
         return self._read_ordered(ids, self._locations(index))
+
+    def rewrite(self, records: np.ndarray) -> int:
+        """Write back records of rows stored here (``records``: whole records, e.g. from :meth:`get_records`, their
+        payload changed; ids unique and present, else KeyError) **in place**: each at the location the index has
+        for it, its check sealed again for that location, in one batched write; no index change, no garbage. A
+        segment another directory links (a snapshot: more than one link) is never written in place (copy-on-write:
+        its records are appended anew, the old ones garbage). Returns how many were written in place."""
+        if records.dtype != self.record_dtype or records.ndim != 1:
+            raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
+        if not len(records):
+            return 0
+        index = self._index.lookup(records["id"])
+        if (index < 0).any():
+            raise KeyError(f"{int((index < 0).sum())} of {len(records)} rows are not in the store {self.path}")
+        locs = self._locations(index)
+        slots = (locs >> np.uint32(self._shift)).astype(np.int64)
+        alone = np.zeros(int(slots.max()) + 1, bool)
+        for slot in np.unique(slots):
+            alone[slot] = self._writable(int(slot))
+        here = alone[slots]
+        if not here.all():
+            self._append(pick(records, ~here))     # shared with a snapshot: copy-on-write
+        if here.any():
+            order = np.flatnonzero(here)
+            order = order[np.argsort(locs[order], kind="stable")]   # file order: adjacent records one write
+            part, at, where = pick(records, order), locs[order], slots[order]
+            kernels.record_seal(part.view(np.uint32).reshape(len(part), self._words), self._mult, at, 2)
+            offsets = (at & np.uint32(self.segment_rows - 1)).astype(np.int64) * self.record_bytes
+            fd_of = np.full(len(alone), -1, np.int32)
+            for slot in np.unique(where):
+                fd_of[slot] = self._wfd(int(slot))
+                self._dirty.add(self._names[int(slot)])
+            err, row = kernels.pwrite_records(fd_of[where], offsets, self.record_bytes, part, WRITE_RING and _uring())
+            if err:
+                raise DiskError(err, f"disk tier {self.path}: writing {self._names[int(where[row])]} in place "
+                                     f"failed: {os.strerror(err)}")
+            self.version += 1
+            self.counters["records_rewritten"] += len(part)
+        return int(here.sum())
+
+    def _writable(self, slot: int) -> bool:
+        """Whether a segment may be written in place: only this directory links it (no snapshot holds it)."""
+        try:
+            return REWRITE_IN_PLACE and os.fstat(self._wfd(slot)).st_nlink == 1
+        except OSError as exc:
+            raise DiskError(exc.errno, f"disk tier {self.path}: {self._names[slot]}: {exc.strerror or exc}") from exc
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
@@ -387,7 +443,7 @@ class SegmentStore:
             if len(offsets) != self._live[slot]:
                 raise SegmentError(f"segment {self.path / self._names[slot]} is damaged: {len(offsets)} of its "
                                    f"{int(self._live[slot])} live records carry the id the index has for them")
-            live = records[offsets]
+            live = pick(records, offsets)
             del records
             self._verify_records(slot, live, offsets)
             self._append(live)
@@ -440,9 +496,10 @@ class SegmentStore:
                 self._read(ids[part], locs[part])
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for fd in list(self._fds.values()) + list(self._wfds.values()):
             os.close(fd)
         self._fds.clear()
+        self._wfds.clear()
 
     def __del__(self) -> None:
         try:
@@ -490,6 +547,12 @@ class SegmentStore:
             self._fds[slot] = fd
         return fd
 
+    def _wfd(self, slot: int) -> int:
+        fd = self._wfds.get(slot)
+        if fd is None:
+            fd = self._wfds[slot] = os.open(self.path / self._names[slot], os.O_WRONLY)
+        return fd
+
     def _checks(self, records: np.ndarray, locs: np.ndarray) -> np.ndarray:
         """The check of each record at its location (compiled: kernels.record_checks; :meth:`_checks_numpy` is
         the same function in numpy)."""
@@ -520,7 +583,7 @@ class SegmentStore:
         one, and its first damaged record in ``ids`` order), in their order."""
         order, got = self._read_ordered(ids, locs)
         out = np.empty(len(got), self.record_dtype)
-        out[order] = got
+        put_at(out, order, got)
         return out
 
     def _read_ordered(self, ids: np.ndarray, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -670,9 +733,10 @@ class SegmentStore:
         self.version += 1
 
     def _retire(self, slot: int) -> None:
-        fd = self._fds.pop(slot, None)
-        if fd is not None:
-            os.close(fd)
+        for fds in (self._fds, self._wfds):
+            fd = fds.pop(slot, None)
+            if fd is not None:
+                os.close(fd)
         name = self._names.pop(slot)
         if name in self._committed:
             self._retired.append(name)       # this directory's committed index refers to it: until the next commit
@@ -691,6 +755,26 @@ class SegmentStore:
             os.fsync(f.fileno())
         os.replace(tmp, target)
         fsync_path(target.parent)
+
+
+def pick(records: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``records[index]`` (an index array or a mask) for structured records, as bytes: numpy copies a structured
+    dtype with subarray fields field by field, several times slower than one opaque copy of each record."""
+    raw = np.dtype((np.void, records.dtype.itemsize))
+    return records.view(raw)[index].view(records.dtype)
+
+
+def put_at(out: np.ndarray, index: np.ndarray, records: np.ndarray) -> None:
+    """``out[index] = records`` for structured records, as bytes (see :func:`pick`)."""
+    raw = np.dtype((np.void, out.dtype.itemsize))
+    out.view(raw)[index] = records.view(raw)
+
+
+def join(parts: list) -> np.ndarray:
+    """np.concatenate of structured records of one dtype, as bytes (see :func:`pick`)."""
+    dtype = parts[0].dtype
+    raw = np.dtype((np.void, dtype.itemsize))
+    return np.concatenate([p.view(raw) for p in parts]).view(dtype)
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -10,16 +10,19 @@ row that went to disk and back is bit for bit the row that left.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from . import kernels
 from .rows import RowTable, as_row_ids
-from .segments import DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, link_or_copy
+from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, join,
+                       link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"
-MMAP_THRESHOLD = 128 * 1024     # see _fix_mmap_threshold
+MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
+TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
@@ -27,10 +30,13 @@ _FIXED: list = []
 
 
 def _fix_mmap_threshold() -> None:
-    """Fix glibc's mmap threshold at 128 KiB (once per process). Demotions and promotions allocate and free
-    temporaries of tens of MB every round; glibc's default *dynamic* threshold rises to the largest freed mapping,
-    after which such temporaries come from the heap and are never returned: measured, 73 MiB of RSS above the
-    budget at 2M rows under 128 MiB. Fixed, they are mappings again, unmapped when freed. No glibc: nothing."""
+    """Fix glibc's mmap threshold at 4 MiB and its trim threshold at 16 MiB (once per process). Demotions and
+    budget passes allocate and free temporaries of tens of MB every round; glibc's default *dynamic* threshold
+    rises to the largest freed mapping, after which such temporaries come from the heap and are never returned:
+    measured, 73 MiB of RSS above the budget at 2M rows under 128 MiB. Fixed, those are mappings, unmapped when
+    freed. Not lower: a request's own temporaries (a few MB of records, weights, ids) then came from fresh
+    mappings every time, and their page faults (the kernel zeroing every page) cost more than the work on them:
+    at 128 KiB, 32-41 ms of CPU a Zipf step at 4.9M rows, at 4 MiB 22-24 ms (VmHWM +9 MiB). No glibc: nothing."""
     if _FIXED:
         return
     _FIXED.append(True)
@@ -38,9 +44,12 @@ def _fix_mmap_threshold() -> None:
         import ctypes
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, MMAP_THRESHOLD)        # M_MMAP_THRESHOLD
+        libc.mallopt(-1, TRIM_THRESHOLD)        # M_TRIM_THRESHOLD: free heap kept at its top before it is returned
     except (OSError, AttributeError):
         pass
-COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk")
+
+
+COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk", "updated_in_place")
 
 
 class DiskTierFailure(BaseException):
@@ -85,6 +94,65 @@ def clear_dir(path: Path) -> None:
         shutil.rmtree(path)
 
 
+class RecordCache:
+    """Whole records of rows on disk that a request read in place (no room under the budget, or not admitted),
+    kept for the next touch of the same rows (the push after a pull) so they are not read again: valid for one
+    version of the store; a change that only drops or rewrites known rows (:meth:`forget`) keeps the others.
+    At most ``limit`` records (past it, it starts over). Parts as they were added, never copied as a whole."""
+
+    def __init__(self, limit: int, dtype: np.dtype) -> None:
+        self.limit, self.dtype = limit, dtype
+        self.version: int | None = None
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (ids ascending, records, alive)
+        self.size = 0
+
+    def clear(self) -> None:
+        self.version, self.parts, self.size = None, [], 0
+
+    def add(self, version: int, ids: np.ndarray, records: np.ndarray) -> None:
+        if self.version != version:
+            self.clear()
+        if self.size + len(ids) > self.limit:
+            self.clear()
+            return
+        if not len(ids):
+            return
+        order = np.argsort(ids, kind="stable")
+        self.parts.append((ids[order], pick(records, order), np.ones(len(ids), bool)))
+        self.size += len(ids)
+        self.version = version
+
+    def find(self, version: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A mask of the ``ids`` whose records are kept (for this version of the store), and those records in
+        the order of ``ids``."""
+        hit = np.zeros(len(ids), bool)
+        if self.version != version or not self.parts:
+            self.clear()
+            return hit, np.zeros(0, self.dtype)
+        found = []
+        for kept, records, alive in self.parts:
+            where = np.minimum(np.searchsorted(kept, ids), len(kept) - 1)
+            new = (kept[where] == ids) & alive[where] & ~hit
+            if new.any():
+                found.append((np.flatnonzero(new), records, where[new]))
+                hit |= new
+        out = np.empty(int(hit.sum()), self.dtype)
+        rank = np.cumsum(hit) - 1
+        for at, records, where in found:
+            put_at(out, rank[at], pick(records, where))
+        return hit, out
+
+    def forget(self, before: int, after: int, gone: np.ndarray) -> None:
+        """The store went from version ``before`` to ``after`` changing only the rows ``gone``: the others stay."""
+        if self.version != before:
+            self.clear()
+            return
+        for kept, _, alive in self.parts:
+            where = np.minimum(np.searchsorted(kept, gone), len(kept) - 1)
+            alive[where[kept[where] == gone]] = False
+        self.version = after
+
+
 class DiskTier:
     """Rows of one table on disk; see the module docstring. ``table`` is the in-memory table it pairs with."""
 
@@ -103,7 +171,7 @@ class DiskTier:
                                f"{self.record}")
         self.store = store
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self._cache: tuple | None = None      # (store version, ids ascending, their records): see read
+        self._cache = RecordCache(CACHE_ROWS, store.record_dtype)      # records read in place: see read
 
     @classmethod
     def open(cls, path, table: RowTable, verify: bool = True,
@@ -171,53 +239,93 @@ class DiskTier:
         self.counters["misses"] += misses
 
     @_fatal
-    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False) -> int:
+    def promote(self, table: RowTable, row_ids: np.ndarray, count: bool = True, known_absent: bool = False,
+                admit: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """Bring the rows of ``row_ids`` (unique) that are on disk and not in ``table`` back into it, with one
         batched read; returns how many. With `count` they are a request's rows: the ones found in memory are hits
-        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``."""
+        and the ones found on disk misses. With `known_absent` the caller knows none of them is in ``table``. With
+        `admit` (the memory tier's admission: a function of a batch of records, their payloads' columns, giving a
+        mask) only the rows it admits come in; the records of the others are kept as :meth:`read` keeps them (so a
+        pull answers them from there; :meth:`promote_or_keep` hands them to a push instead)."""
+        return self._bring(table, row_ids, count, known_absent, admit)[0]
+
+    @_fatal
+    def promote_or_keep(self, table: RowTable, row_ids: np.ndarray,
+                        admit: Callable[[np.ndarray], np.ndarray]) -> tuple[int, np.ndarray]:
+        """:meth:`promote` with `admit` for a push: ``(promoted, records)``, the records (whole, of the rows on
+        disk not admitted: to be updated where they are, :meth:`write_back`) in no particular order."""
+        return self._bring(table, row_ids, True, False, admit, keep=False)
+
+    def _bring(self, table: RowTable, row_ids: np.ndarray, count: bool, known_absent: bool,
+               admit: Callable[[np.ndarray], np.ndarray] | None, keep: bool = True) -> tuple[int, np.ndarray]:
+        none = np.zeros(0, self.store.record_dtype)
         ids = as_row_ids(row_ids)
         absent = np.ones(len(ids), bool) if known_absent else table.lookup(ids) < 0
         cold = ids[absent]
         if not len(cold) or not len(self.store):
             if count:
                 self.count(int(len(ids) - absent.sum()), 0)
-            return 0
-        cached, cached_records = self._cached(cold)          # read in place since the store last changed
+            return 0, none
+        version = self.store.version
+        cached, cached_records = self._cache.find(version, cold)     # read in place since the store last changed
         present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
-        on_disk = cached.copy()
-        on_disk[~cached] = present
         if count:
-            self.count(int(len(ids) - absent.sum()), int(on_disk.sum()))
-        if not on_disk.any():
-            return 0
+            self.count(int(len(ids) - absent.sum()), int(cached.sum() + present.sum()))
+        if not len(cached_records) and not len(records):
+            return 0, none
+        # where in cold each record's row is: cached_records[j] of cold[at_cached[j]], records[j] of cold[at_read[j]]
+        at_cached = np.flatnonzero(cached)
+        at_read = np.flatnonzero(~cached)[present][order]
+        in_c = np.ones(len(at_cached), bool) if admit is None else admit(cached_records["payload"])
+        in_r = np.ones(len(at_read), bool) if admit is None else admit(records["payload"])
+        rest = none
+        if not (in_c.all() and in_r.all()):
+            rest = join([pick(cached_records, ~in_c), pick(records, ~in_r)])
         # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
-        # one pass each: cached_records[j] is the row of cold[cached][j], records[j] of cold[~cached][present][order[j]]
-        moved = cold[on_disk]
-        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
-        slot_of = np.full(len(cold), -1, np.int64)
-        slot_of[on_disk] = table.ensure(moved, lambda new: zeros)
-        fields = self._fields(table)
-        kernels.scatter_fields(cached_records, slot_of[cached], fields)
-        kernels.scatter_fields(records, slot_of[~cached][present][order], fields)
-        del fields
-        table.mark_changed(slot_of[on_disk])
-        drop()
-        if cached.any():
-            self.store.delete(cold[cached])
-        self._cache = None
-        self.counters["promoted"] += len(moved)
-        return len(moved)
+        # one pass each
+        come = np.zeros(len(cold), bool)
+        come[at_cached[in_c]] = True
+        come[at_read[in_r]] = True
+        moved = cold[come]
+        if len(moved):
+            zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
+            slot_of = np.full(len(cold), -1, np.int64)
+            slot_of[come] = table.ensure(moved, lambda new: zeros)
+            fields = self._fields(table)
+            kernels.scatter_fields(cached_records if in_c.all() else pick(cached_records, in_c),
+                                   slot_of[at_cached[in_c]], fields)
+            kernels.scatter_fields(records if in_r.all() else pick(records, in_r), slot_of[at_read[in_r]], fields)
+            del fields
+            table.mark_changed(slot_of[come])
+            drop(in_r)
+            if in_c.any():
+                self.store.delete(cold[at_cached[in_c]])
+            self._cache.forget(version, self.store.version, moved)
+            self.counters["promoted"] += len(moved)
+        if keep and len(rest):
+            self._cache.add(self.store.version, rest["id"], rest)
+        return len(moved), rest
+
+    @_fatal
+    def write_back(self, records: np.ndarray) -> None:
+        """Records of rows on disk that a push updated where they are (from :meth:`promote_or_keep`, their
+        payloads changed): written back in place (SegmentStore.rewrite)."""
+        version = self.store.version
+        self.store.rewrite(records)
+        self._cache.forget(version, self.store.version, records["id"])
+        self.counters["updated_in_place"] += len(records)
 
     @_fatal
     def read(self, row_ids) -> dict:
         """Rows on disk (all present), as :meth:`RowTable.export` gives them, without promoting them. Their records
-        are kept until the store next changes (at most CACHE_ROWS of them): a promotion of the same rows (the push
-        after a pull that found no room) takes them from there instead of reading them again."""
+        are kept until the store next changes (promotions and updates of other rows keep them; at most CACHE_ROWS of
+        them: RecordCache): a promotion of the same rows (the push after a pull that found no room) takes them from
+        there instead of reading them again."""
         ids = as_row_ids(row_ids)
         order, records = self.store.get_records(ids)
-        self._remember(ids[order], records)
+        self._cache.add(self.store.version, ids[order], records)
         out = np.empty(len(records), self.store.record_dtype)
-        out[order] = records
+        put_at(out, order, records)
         return self._unpack(ids, out["payload"])
 
     @_fatal
@@ -225,32 +333,17 @@ class DiskTier:
         """:meth:`read`'s weights only, straight into rows ``at`` of ``out`` (a C-contiguous (n, row_size) array
         of the table's dtype: a pull's reply), the records kept as :meth:`read` keeps them."""
         ids = as_row_ids(row_ids)
-        order, records = self.store.get_records(ids)
-        self._remember(ids[order], records)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
+        cached, cached_records = self._cache.find(self.store.version, ids)
+        if cached.any():               # kept by a promotion that did not admit them, or an earlier read
+            kernels.scatter_fields(cached_records, at[cached], [(out, w)])
+            ids, at = ids[~cached], at[~cached]
+            if not len(ids):
+                return
+        order, records = self.store.get_records(ids)
+        self._cache.add(self.store.version, ids[order], records)
         kernels.scatter_fields(records, at[order], [(out, w)])
-
-    def _remember(self, ids: np.ndarray, records: np.ndarray) -> None:
-        version = self.store.version
-        if self._cache is not None and self._cache[0] == version:
-            ids, records = np.concatenate([self._cache[1], ids]), np.concatenate([self._cache[2], records])
-        if len(ids) > CACHE_ROWS:
-            self._cache = None
-            return
-        order = np.argsort(ids, kind="stable")   # (an id read twice has the same record both times)
-        self._cache = (version, ids[order], records[order])
-
-    def _cached(self, cold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A mask of the ids of ``cold`` whose records :meth:`read` kept (valid: the store has not changed since),
-        and those records in ``cold``'s order."""
-        if self._cache is None or self._cache[0] != self.store.version or not len(self._cache[1]):
-            self._cache = None
-            return np.zeros(len(cold), bool), np.zeros(0, self.store.record_dtype)
-        _, ids, records = self._cache
-        where = np.minimum(np.searchsorted(ids, cold), len(ids) - 1)
-        hit = ids[where] == cold
-        return hit, records[where[hit]]
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""
