@@ -339,6 +339,12 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     uint64_t mask = (uint64_t)nbuckets - 1;
     for (Py_ssize_t i = 0; i < nrows; i++) {     /* check and probe every row before building anything */
         uint64_t key;
+        if (i + 8 < nrows) {   /* the home bucket 8 rows ahead (store/kernels.c PREFETCH: the misses overlap) */
+            memcpy(&key, kb + 8 * (i + 9), 8);
+            uint64_t ahead = key - master + row_offset;
+            __builtin_prefetch((const char *)table.buf + ((((ahead >> 31) ^ ahead) * MULT) >> shift) * table.itemsize,
+                               0);
+        }
         memcpy(&key, kb + 8 * (i + 1), 8);
         if (key < master || (i && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
         previous = key;
@@ -371,6 +377,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     int64_t *positions = absent && !fill ? (int64_t *)PyBytes_AsString(missing) : NULL;
     int64_t *local_ids = absent && !fill ? (int64_t *)PyBytes_AsString(missing_ids) : NULL;
     for (Py_ssize_t i = 0; i < nrows; i++) {
+        if (i + 8 < nrows && slots[i + 8] >= 0) __builtin_prefetch(rows + slots[i + 8] * row_bytes, 0);
         if (slots[i] >= 0) {
             memcpy(dst + i * row_bytes, rows + slots[i] * row_bytes, (size_t)row_bytes);
         } else {

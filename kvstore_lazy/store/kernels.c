@@ -33,11 +33,25 @@ const char *kernels_digest(void) { return KERNELS_DIGEST; }
 
 static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id >> 31) ^ id) * MULT) >> shift); }
 
-/* Linear-probing hash index: table[bucket] is a slot or -1, keys[slot] the row id; len(table) = mask + 1. */
+/* The rows and buckets a kernel touches lie at random places of tables larger than the caches, each a miss: a
+ * kernel asks for the ones PREFETCH iterations ahead (a row's first cache line: the hardware prefetcher follows a
+ * longer row), so the misses overlap instead of following one another. A prefetch changes no result. */
+#define PREFETCH 8
+#define PREFETCH_ROW(base, slots, i, n, cols) \
+    do { if ((i) + PREFETCH < (n)) __builtin_prefetch((base) + (slots)[(i) + PREFETCH] * (cols), 1); } while (0)
+
+/* Linear-probing hash index: table[bucket] is a slot or -1, keys[slot] the row id; len(table) = mask + 1. A lookup
+ * asks for the home bucket of the id 2 PREFETCH ahead, and for the row id of the slot in the home bucket of the one
+ * PREFETCH ahead (by then that bucket is in the cache). */
 #define INDEX_KERNELS(T, SUFFIX)                                                                                  \
     void index_lookup_##SUFFIX(const T *table, int64_t mask, const uint64_t *keys, const uint64_t *ids,        \
                                int64_t n, unsigned shift, int64_t *out) {                                      \
         for (int64_t i = 0; i < n; i++) {                                                                      \
+            if (i + 2 * PREFETCH < n) __builtin_prefetch(table + home(ids[i + 2 * PREFETCH], shift), 0);      \
+            if (i + PREFETCH < n) {                                                                            \
+                T ahead = table[home(ids[i + PREFETCH], shift)];                                               \
+                if (ahead >= 0) __builtin_prefetch(keys + ahead, 0);                                           \
+            }                                                                                                  \
             uint64_t id = ids[i];                                                                              \
             int64_t pos = home(id, shift);                                                                     \
             for (;;) {                                                                                         \
@@ -146,6 +160,7 @@ void sgd_rows(float *weight, const int64_t *slots, int64_t n, const float *grad,
               float rescale, float clip) {
     float decay = 1.0f - lr * wd, lr_rescale = lr * rescale;
     for (int64_t i = 0; i < n; i++) {
+        PREFETCH_ROW(weight, slots, i, n, cols);
         float *w = weight + slots[i] * cols;
         const float *g = grad + i * cols;
         if (clip >= 0) sgd_row(w, g, cols, decay, lr, rescale, clip, lr_rescale, 1);
@@ -171,6 +186,8 @@ void sgd_mom_rows(float *weight, float *mom, const int64_t *slots, int64_t n, co
                   float lr, float wd, float rescale, float clip, float momentum) {
     float lr_wd = lr * wd, lr_rescale = lr * rescale;
     for (int64_t i = 0; i < n; i++) {
+        PREFETCH_ROW(weight, slots, i, n, cols);
+        if (mom) PREFETCH_ROW(mom, slots, i, n, cols);
         float *w = weight + slots[i] * cols, *m = mom ? mom + slots[i] * cols : 0;
         const float *g = grad + i * cols;
         if (m && clip >= 0) sgd_mom_row(w, m, g, cols, lr_wd, lr, rescale, clip, lr_rescale, momentum, 1, 1);
@@ -201,6 +218,9 @@ void adam_rows(float *weight, float *mean, float *var, const int64_t *slots, int
                int square_first) {
     float b1 = 1.0f - beta1, b2 = 1.0f - beta2;
     for (int64_t i = 0; i < n; i++) {
+        PREFETCH_ROW(weight, slots, i, n, cols);
+        PREFETCH_ROW(mean, slots, i, n, cols);
+        PREFETCH_ROW(var, slots, i, n, cols);
         int64_t base = slots[i] * cols;
         float *w = weight + base, *mn = mean + base, *vr = var + base;
         const float *g = grad + i * cols;
