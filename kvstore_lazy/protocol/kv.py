@@ -118,15 +118,20 @@ def parse(msg: Message, keys: KeyRange) -> DataRequest:
     return _PARSERS[command.request_type](msg, command, kv, keys)
 
 
-def _request(msg: Message, command: mx.DataCommand, kv_keys: np.ndarray, key: int, local_ids: np.ndarray = _NO_ROWS,
-             values: np.ndarray | None = None, original_size: int = 0) -> DataRequest:
+def _built(sender: int, meta: Meta, request_type: int, dtype: np.dtype, key: int, keys: np.ndarray,
+           local_ids: np.ndarray = _NO_ROWS, values: np.ndarray | None = None, original_size: int = 0) -> DataRequest:
     # DataRequest(...) without the frozen dataclass's __init__ (an object.__setattr__ per field, a few microseconds
     # on every request): the same fields, set once, still frozen to everyone after
     request = _new(DataRequest)
-    request.__dict__.update(sender=msg.sender, meta=msg.meta, request_type=command.request_type,
-                            dtype=mx.MSHADOW_DTYPES[command.dtype_flag], key=key, keys=kv_keys, local_ids=local_ids,
-                            values=values, original_size=original_size)
+    request.__dict__.update(sender=sender, meta=meta, request_type=request_type, dtype=dtype, key=key, keys=keys,
+                            local_ids=local_ids, values=values, original_size=original_size)
     return request
+
+
+def _request(msg: Message, command: mx.DataCommand, kv_keys: np.ndarray, key: int, local_ids: np.ndarray = _NO_ROWS,
+             values: np.ndarray | None = None, original_size: int = 0) -> DataRequest:
+    return _built(msg.sender, msg.meta, command.request_type, mx.MSHADOW_DTYPES[command.dtype_flag], key, kv_keys,
+                  local_ids, values, original_size)
 
 
 def _default(msg: Message, command: mx.DataCommand, kv: KVPairs, keys: KeyRange) -> DataRequest:
@@ -193,19 +198,13 @@ def row_pull(sender: int, meta: Meta, key: int, master: int, local_ids: np.ndarr
     keys = np.empty(len(local_ids) + 1, np.uint64)
     keys[0] = master
     np.add(local_ids.view(np.uint64), np.uint64(master), out=keys[1:])
-    request = _new(DataRequest)
-    request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key, keys=keys,
-                            local_ids=local_ids, values=None, original_size=0)
-    return request
+    return _built(sender, meta, mx.ROW_SPARSE, _F32, key, keys, local_ids)
 
 
 def dense_push(sender: int, meta: Meta, key: int, raw_key: bytes, values: np.ndarray) -> DataRequest:
     """The dense push of `values` (its dtype the wire's) to this server's `key` (`raw_key`: the keys frame as sent),
     as :func:`parse` decodes it from a worker: how the fast path hands a push to a sync round (server/fastpath.py)."""
-    request = _new(DataRequest)
-    request.__dict__.update(sender=sender, meta=meta, request_type=mx.DEFAULT, dtype=values.dtype, key=key,
-                            keys=np.frombuffer(raw_key, _U64), local_ids=_NO_ROWS, values=values, original_size=0)
-    return request
+    return _built(sender, meta, mx.DEFAULT, values.dtype, key, np.frombuffer(raw_key, _U64), values=values)
 
 
 def row_push(sender: int, meta: Meta, key: int, raw_keys: bytes | memoryview, local_ids: np.ndarray,
@@ -213,10 +212,7 @@ def row_push(sender: int, meta: Meta, key: int, raw_keys: bytes | memoryview, lo
     """The float32 row_sparse push of `values` to rows `local_ids` of this server's `key` (`raw_keys`: the keys
     frame as sent), as :func:`parse` decodes it from a worker: how the fast path hands such a push to a sync round
     (server/fastpath.py)."""
-    request = _new(DataRequest)
-    request.__dict__.update(sender=sender, meta=meta, request_type=mx.ROW_SPARSE, dtype=_F32, key=key,
-                            keys=np.frombuffer(raw_keys, _U64), local_ids=local_ids, values=values, original_size=0)
-    return request
+    return _built(sender, meta, mx.ROW_SPARSE, _F32, key, np.frombuffer(raw_keys, _U64), local_ids, values)
 
 
 def _rows(key: int, dtype: np.dtype, kv: KVPairs, num_rows: int) -> np.ndarray:

@@ -17,6 +17,7 @@ stored value is a float32 master copy and pulls get it cast back (CreateMultiPre
 """
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -189,9 +190,6 @@ class DenseKey:
 
     def nbytes(self) -> int:
         return self._value.nbytes + (self._master.nbytes if self._master is not None else 0)
-
-
-_UNKNOWN = object()
 
 
 class RowSparseKey:
@@ -507,12 +505,14 @@ class RowSparseKey:
         """For the compiled pull path: the declared initializer's compiled values (``compiled_fill``) when a row a
         pull finds absent is its initial value, left absent (:meth:`pull` without `store`: a lazy key with no row
         policy and no disk tier), else None."""
-        if self.spec is None or self.policy is not None or self.disk is not None:
+        if self.policy is not None or self.disk is not None:
             return None
-        fill = self.__dict__.get("_fill", _UNKNOWN)   # the spec's, the same for every pull: asked once
-        if fill is _UNKNOWN:
-            fill = self._fill = self.spec.initializer.compiled_fill(self.spec.seed, self.key)
-        return fill
+        return self._compiled_fill
+
+    @functools.cached_property
+    def _compiled_fill(self) -> tuple[int, float, float] | None:
+        """The declared initializer's compiled values for this key (the spec's: the same for every pull)."""
+        return None if self.spec is None else self.spec.initializer.compiled_fill(self.spec.seed, self.key)
 
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
