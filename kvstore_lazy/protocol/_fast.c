@@ -265,6 +265,10 @@ fallback:
 
 #define MULT 0xBF58476D1CE4E5B9ULL   /* RowIndex's hash (store/kernels.c home()): tests compare the two */
 
+static inline uint64_t home_bucket(uint64_t row_id, unsigned long long shift) {
+    return (((row_id >> 31) ^ row_id) * MULT) >> shift;
+}
+
 /* One row of initializers.UniformRows' values (see uniform_rows below): row r's `ncols` values, float32 (itemsize 4)
    or float64 (8), at out. */
 #define GAMMA 0x9E3779B97F4A7C15ULL
@@ -342,14 +346,13 @@ static PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (i + 8 < nrows) {   /* the home bucket 8 rows ahead (store/kernels.c PREFETCH: the misses overlap) */
             memcpy(&key, kb + 8 * (i + 9), 8);
             uint64_t ahead = key - master + row_offset;
-            __builtin_prefetch((const char *)table.buf + ((((ahead >> 31) ^ ahead) * MULT) >> shift) * table.itemsize,
-                               0);
+            __builtin_prefetch((const char *)table.buf + home_bucket(ahead, shift) * table.itemsize, 0);
         }
         memcpy(&key, kb + 8 * (i + 1), 8);
         if (key < master || (i && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
         previous = key;
         uint64_t row_id = key - master + row_offset;
-        uint64_t pos = (((row_id >> 31) ^ row_id) * MULT) >> shift;
+        uint64_t pos = home_bucket(row_id, shift);
         int64_t slot;
         for (;;) {
             slot = wide ? ((const int64_t *)table.buf)[pos] : ((const int32_t *)table.buf)[pos];
