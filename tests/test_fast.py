@@ -14,6 +14,7 @@ import kvstore_lazy.initializers as ki
 import kvstore_lazy.optimizers as opt
 from kvstore_lazy.protocol import fast
 from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.store import rows
 from kvstore_lazy.store.rows import RowTable
 
 uint64 = st.integers(0, (1 << 64) - 1)
@@ -276,3 +277,51 @@ def test_compiled_merge_is_kernels_merge_rows(a, b, cols):
     assert native.merge_rows(ids_a, vals_a.astype(np.float16), ids_b, vals_b) is None   # kernels.py decides
     assert native.merge_rows(ids_a.astype(np.int32), vals_a, ids_b, vals_b) is None
     assert native.merge_rows(ids_a, vals_a, ids_b, vals_b[:, :cols - 1]) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(st.one_of(st.integers(0, 300), uint64), unique=True, max_size=90), max_size=8),
+       init=st.sampled_from([ki.UniformRows(-0.07, 0.07), ki.ConstantRows(0.0, "zero"), ki.ConstantRows(2.5)]),
+       wide=st.booleans(), capacity=st.sampled_from([1, 64, 4096]))
+def test_ensure_with_a_fill_makes_the_table_the_general_path_makes(batches, init, wide, capacity):
+    """RowTable.ensure with a compiled fill (one ensure_rows call when the rows fit, the general path when the
+    table or an arena must grow) leaves every slot, weight, state, bucket and change mark the general path leaves."""
+    if wide:
+        rows._MAX_INT32_SLOTS, saved = 0, rows._MAX_INT32_SLOTS
+    try:
+        fill = init.compiled_fill(42, 7)
+        make = lambda ids: init.rows(42, 7, ids, (1 << 62, 3), np.float32)   # noqa: E731
+        plain, fast = (RowTable(3, np.float32, 2, initial_capacity=capacity, track_changes=True) for _ in range(2))
+        for batch in batches:
+            ids = np.array(batch, np.uint64)
+            want = plain.ensure(ids, make)
+            got = fast.ensure(ids, make, fill)
+            assert got.tolist() == want.tolist()
+        assert fast.buckets == plain.buckets and len(fast) == len(plain)
+        assert fast._index._table.tobytes() == plain._index._table.tobytes()
+        for a, b in zip(fast.items(), plain.items()):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+        assert fast.changes()["row_ids"].tolist() == plain.changes()["row_ids"].tolist()
+    finally:
+        if wide:
+            rows._MAX_INT32_SLOTS = saved
+
+
+def test_ensure_rows_refuses_what_does_not_fit_and_changes_nothing():
+    table = RowTable(3, np.float32, 1, initial_capacity=4)
+    table.ensure(np.array([1, 2], np.uint64), lambda ids: np.ones((len(ids), 3), np.float32))
+    index = table._index
+    before = index._table.copy(), index._keys.array.copy(), table.arrays()[0].copy()
+    slots = np.empty(3, np.int64)
+    args = (np.array([2, 5, 6], np.uint64), index._table, index._keys.array, rows._shift(index._table), 2)
+    weights = table.arrays()[0]
+    assert native.ensure_rows(*args, 3, weights, 12, (0, 0.0, 1.0), slots) is None   # the table would grow
+    assert native.ensure_rows(*args[:4], 3, 8, weights, 12, (0, 0.0, 1.0), slots) is None  # beyond the arenas (4)
+    assert (index._table.tobytes(), index._keys.array.tobytes(), weights.tobytes()) == tuple(
+        a.tobytes() for a in before)
+    with pytest.raises(ValueError):
+        native.ensure_rows(*args, 8, weights, 12, (0, 0.0, 1.0), np.empty(2, np.int64))   # a slot per id
+    with pytest.raises(TypeError):
+        native.ensure_rows(*args, 8, weights, 12, (0, 1.0), slots)
+    assert native.ensure_rows(*args, 8, weights, 12, (0, 0.0, 1.0), slots) == 2
+    assert slots.tolist() == [1, 2, 3] and len(index) == 2   # (RowIndex.ensure_filled counts the rows it made)

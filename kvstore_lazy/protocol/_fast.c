@@ -431,6 +431,101 @@ release:
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
+   ensure_rows(ids, table, slot_ids, shift, n, limit, weights, row_bytes, fill, slots) -> made or None: RowTable.ensure
+   for a float32 table whose new rows are uniform_rows' values (`fill` = (key_state, span, low)), in one call: the
+   slot of every row id of `ids` (uint64, unique) into `slots` (int64), the absent ones added as slots n, n+1, ... in
+   their order (slot_ids[s] = id, placed in the first empty bucket of their probe run: RowIndex.insert's
+   index_place) with their initial values written into their weight rows (states and columns of rows past n are zero
+   already: RowTable's invariant). `made`: how many were added. None, with the table unchanged, when they do not
+   fit as they are: more than `limit` rows in all (RowIndex.insert would rebuild the table larger) or than the
+   capacity of slot_ids or weights (RowTable._reserve would grow the arenas); the caller takes the general path. */
+
+static PyObject *ensure_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "ensure_rows takes 10 arguments"); return NULL; }
+    unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[4]), limit = PyLong_AsSsize_t(args[5]), row_bytes = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(args[8]) || PyTuple_Size(args[8]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "ensure_rows: fill is (key_state, span, low)");
+        return NULL;
+    }
+    unsigned long long fill_state = PyLong_AsUnsignedLongLong(PyTuple_GetItem(args[8], 0));
+    double fill_span = PyFloat_AsDouble(PyTuple_GetItem(args[8], 1)), fill_low = PyFloat_AsDouble(PyTuple_GetItem(args[8], 2));
+    if (PyErr_Occurred()) return NULL;
+    if (shift < 1 || shift > 63 || row_bytes <= 0 || row_bytes % 4 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "ensure_rows: bad shift, row count or row size");
+        return NULL;
+    }
+    Py_buffer ids, table, keys, weights, out;
+    int got = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[0], &ids, PyBUF_SIMPLE) < 0) return NULL;
+    got = 1;
+    if (PyObject_GetBuffer(args[1], &table, PyBUF_WRITABLE) < 0) goto release;
+    got = 2;
+    if (PyObject_GetBuffer(args[2], &keys, PyBUF_WRITABLE) < 0) goto release;
+    got = 3;
+    if (PyObject_GetBuffer(args[6], &weights, PyBUF_WRITABLE) < 0) goto release;
+    got = 4;
+    if (PyObject_GetBuffer(args[9], &out, PyBUF_WRITABLE) < 0) goto release;
+    got = 5;
+    Py_ssize_t k = ids.len / 8, itemsize = table.itemsize == 8 ? 8 : 4, nbuckets = table.len / itemsize;
+    Py_ssize_t capacity = keys.len / 8 < weights.len / row_bytes ? keys.len / 8 : weights.len / row_bytes;
+    if (ids.len % 8 || out.len != k * 8 || (table.itemsize != 4 && table.itemsize != 8) || nbuckets < 2
+            || (nbuckets & (nbuckets - 1)) || (64 - shift) != (unsigned)__builtin_ctzll((unsigned long long)nbuckets)
+            || n > capacity) {
+        PyErr_SetString(PyExc_ValueError, "ensure_rows: arrays of the wrong size or type");
+        goto release;
+    }
+    const uint64_t *id = ids.buf;
+    uint64_t *slot_ids = keys.buf, mask = (uint64_t)nbuckets - 1;
+    int64_t *slots = out.buf;
+    int wide = itemsize == 8;
+    Py_ssize_t absent = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (i + 8 < k) __builtin_prefetch((const char *)table.buf + home_bucket(id[i + 8], shift) * itemsize, 0);
+        uint64_t pos = home_bucket(id[i], shift);
+        int64_t slot;
+        for (;;) {
+            slot = wide ? ((const int64_t *)table.buf)[pos] : ((const int32_t *)table.buf)[pos];
+            if (slot < 0 || (slot < n && slot_ids[slot] == id[i])) break;
+            pos = (pos + 1) & mask;
+        }
+        slots[i] = slot < 0 ? -1 : slot;
+        absent += slot < 0;
+    }
+    if (absent && (n + absent > limit || n + absent > capacity)) {
+        result = Py_NewRef(Py_None);
+        goto release;
+    }
+    Py_ssize_t next = n;
+    for (Py_ssize_t i = 0; i < k && next < n + absent; i++) {
+        if (slots[i] >= 0) continue;
+        uint64_t pos = home_bucket(id[i], shift);
+        if (wide) {
+            int64_t *t = table.buf;
+            while (t[pos] >= 0) pos = (pos + 1) & mask;
+            t[pos] = next;
+        } else {
+            int32_t *t = table.buf;
+            while (t[pos] >= 0) pos = (pos + 1) & mask;
+            t[pos] = (int32_t)next;
+        }
+        slot_ids[next] = id[i];
+        uniform_row((char *)weights.buf + next * row_bytes, row_bytes / 4, 4, id[i], fill_state, fill_span, fill_low);
+        slots[i] = next++;
+    }
+    result = PyLong_FromSsize_t(absent);
+release:
+    if (got >= 5) PyBuffer_Release(&out);
+    if (got >= 4) PyBuffer_Release(&weights);
+    if (got >= 3) PyBuffer_Release(&keys);
+    if (got >= 2) PyBuffer_Release(&table);
+    PyBuffer_Release(&ids);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
    uniform_rows(out, row_ids, key_state, span, low, itemsize): for every row r (uint64 row_ids) and column c of the
    (len(row_ids), ncols) float32 (itemsize 4) or float64 (8) `out`, in float64: u = (bits(r, c) >> 11) * 2**-53,
    then u * span, then + low, cast to out's type (initializers.UniformRows; uniform01 is span 1, low 0). key_state
@@ -992,6 +1087,8 @@ static PyMethodDef methods[] = {
     {"encode_meta", encode_meta, METH_O, "A Meta's __dict__ as PBMeta bytes, or None (see pbmeta.encode_meta)."},
     {"gather_rows", (PyCFunction)(void (*)(void))gather_rows, METH_FASTCALL,
      "A row_sparse pull's (payload, lens) from a row table, or None."},
+    {"ensure_rows", (PyCFunction)(void (*)(void))ensure_rows, METH_FASTCALL,
+     "RowTable.ensure of a float32 table with uniform initial values in one call, or None."},
     {"uniform_rows", (PyCFunction)(void (*)(void))uniform_rows, METH_FASTCALL,
      "Counter-based uniform initial values of rows."},
     {"sorted_rows", sorted_rows, METH_O, "Whether a keys frame's row keys are what a worker sends."},

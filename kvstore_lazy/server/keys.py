@@ -378,6 +378,8 @@ class RowSparseKey:
         if not promoted:
             self._promote(row_ids)
         before = len(self._table)
+        if make_rows is None and self.policy is None:
+            return self._table.ensure(row_ids, self.initial_rows, self._initial_fill)
         slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
         if self.policy is not None and len(self._table) > before:
             self.policy.created(self._table, before, len(self._table))
@@ -513,6 +515,12 @@ class RowSparseKey:
     def _compiled_fill(self) -> tuple[int, float, float] | None:
         """The declared initializer's compiled values for this key (the spec's: the same for every pull)."""
         return None if self.spec is None else self.spec.initializer.compiled_fill(self.spec.seed, self.key)
+
+    @functools.cached_property
+    def _initial_fill(self) -> tuple[int, float, float] | None:
+        """:meth:`initial_rows`' values as the compiled loop's ``(key_state, span, low)``, or None: a key that is not
+        declared makes zero rows (span and low 0), a declared one its initializer's (``compiled_fill``)."""
+        return (0, 0.0, 0.0) if self.spec is None else self._compiled_fill
 
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
