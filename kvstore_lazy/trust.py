@@ -94,6 +94,7 @@ class Gate:
     refused_nodes: dict[int, str] = field(default_factory=dict)            # announced, but never served: why
     _allowed: dict = field(default_factory=dict, repr=False)               # address -> inside the allow-list
     _from: dict = field(default_factory=dict, repr=False)      # (node id, TCP address) -> _source's verdict
+    _peers: dict = field(default_factory=dict, repr=False)     # TCP address -> _peer's (address, verdict)
 
     def allowed(self, ip: Address) -> bool:
         if not self.allow:
@@ -148,11 +149,14 @@ class Gate:
 
     def refusal(self, sender: int, peer: str | None, meta: Meta) -> str | None:
         """Why a message must be dropped, or None to serve it. `peer` is its TCP address (None over ipc)."""
-        ip = ip_of(peer)
-        if peer is not None and ip is None:
-            return f"its source address {peer!r} is not an IP address"
-        if ip is not None and not self.allowed(ip):
-            return "its address is outside KVSTORE_LAZY_ALLOW"
+        known = self._peers.get(peer)
+        if known is None:
+            if len(self._peers) >= 4096:
+                self._peers.clear()
+            known = self._peers[peer] = self._peer(peer)
+        ip, reason = known
+        if reason is not None:
+            return reason
         if sender == EMPTY:
             return "it has no ps<id> identity"
         cmd = meta.control.cmd
@@ -176,6 +180,16 @@ class Gate:
         if reason is not None:
             return reason
         return _permission(role, meta)
+
+    def _peer(self, peer: str | None) -> tuple[Address | None, str | None]:
+        """(the IP address of TCP address `peer`, why a message from there is refused or None), judged once per
+        address (``_peers``): parsing and matching an address costs more than the rest of the checks."""
+        ip = ip_of(peer)
+        if peer is not None and ip is None:
+            return None, f"its source address {peer!r} is not an IP address"
+        if ip is not None and not self.allowed(ip):
+            return ip, "its address is outside KVSTORE_LAZY_ALLOW"
+        return ip, None
 
     def _source(self, sender: int, ip: Address | None) -> str | None:
         if ip is None or not self.check_address:
