@@ -715,7 +715,7 @@ class Adam(Optimizer):
         if not kernels.accepts(weight, states, slots, grad):
             return False
         scalars = self._scalars(key)
-        if not _adam(weight, *states, slots, grad, *scalars, scalars[6] >= 0):
+        if not _adam(weight, *states, slots, grad, *scalars, scalars[6] is not _NO_CLIP and scalars[6] >= 0):
             self._kernel(scalars, weight, states, slots, grad, True)
         return True
 
@@ -730,7 +730,8 @@ class Adam(Optimizer):
     def _step(self, index: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
               row_sparse: bool) -> None:
         scalars = self._scalars(index)
-        if len(states) == 2 and _adam(weight, *states, None, grad, *scalars, scalars[6] >= 0 and row_sparse):
+        if len(states) == 2 and _adam(weight, *states, None, grad, *scalars,
+                                      row_sparse and scalars[6] is not _NO_CLIP and scalars[6] >= 0):
             return
         flat = _as_one_row(weight, grad, states)
         if flat is not None:

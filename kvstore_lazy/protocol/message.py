@@ -71,7 +71,11 @@ class Message:
         identity = frames[0]
         sender = parse_identity(identity if type(identity) is bytes else bytes(identity))
         meta = decode_meta(frames[1])  # decode_meta takes any buffer, as bytes(frames[1]) did
-        data = [f if type(f) is bytes or isinstance(f, bytes) else memoryview(f) for f in frames[2:]]
+        data = frames[2:]              # (the transport's frames are bytes and memoryviews already)
+        for f in data:
+            if type(f) is not bytes and type(f) is not memoryview:
+                data = [f if isinstance(f, bytes) else memoryview(f) for f in data]
+                break
         return cls(meta, data, sender)
 
 

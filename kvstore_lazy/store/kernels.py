@@ -80,6 +80,7 @@ def load(library: Path = LIBRARY, source: Path = SOURCE) -> ctypes.CDLL:
 
 
 _lib = load()
+_F32, _I64 = np.dtype(np.float32), np.dtype(np.int64)
 
 
 def address(name: str) -> int:
@@ -98,13 +99,20 @@ def _addr(a: np.ndarray) -> int:
 
 def accepts(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> bool:
     """Whether the update kernels take these arrays (they index raw memory): writable float32 C-contiguous 2-D tables
-    of one shape, contiguous int64 slots, a float32 C-contiguous (len(slots), cols) gradient."""
-    return (all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.flags.c_contiguous
-                and a.flags.writeable and a.shape == weight.shape for a in (weight, *tables))
-            and isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
-            and slots.flags.c_contiguous
-            and isinstance(grad, np.ndarray) and grad.dtype == np.float32 and grad.flags.c_contiguous
-            and grad.shape == (len(slots), weight.shape[1]))
+    of one shape, contiguous int64 slots, a float32 C-contiguous (len(slots), cols) gradient. (Every round asks:
+    each array's flags are read once.)"""
+    shape = getattr(weight, "shape", None)
+    if shape is None or len(shape) != 2:
+        return False
+    for a in (weight, *tables):
+        if not isinstance(a, np.ndarray) or a.dtype != _F32 or a.shape != shape:
+            return False
+        flags = a.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return False
+    return (isinstance(slots, np.ndarray) and slots.dtype == _I64 and slots.ndim == 1 and slots.flags.c_contiguous
+            and isinstance(grad, np.ndarray) and grad.dtype == _F32 and grad.flags.c_contiguous
+            and grad.shape == (len(slots), shape[1]))
 
 
 def _checked(weight: np.ndarray, tables: list, slots, grad: np.ndarray) -> np.ndarray:
