@@ -487,6 +487,22 @@ class Optimizer:
         if w is not weight:
             weight[...] = w
 
+    def update_uncounted(self, key: int, weight: np.ndarray, states: list[np.ndarray], grad: np.ndarray) -> None:
+        """Update the gathered rows `weight` and `states` (one gradient row each) as :meth:`update` with
+        ``row_sparse=True`` would, with the step count of `key`'s next update, but without counting one: rows of a
+        round updated apart from the rest of it (a disk tier's, in place), whose one count comes with the others."""
+        counts = self._index_update_count
+        had, count, num = key in counts, counts.get(key), self.num_update
+        try:
+            if not self.update_rows(key, weight, states, np.arange(len(grad), dtype=np.int64), grad):
+                self.update(key, weight, grad, states, row_sparse=True)
+        finally:
+            if had:
+                counts[key] = count
+            else:
+                counts.pop(key, None)
+            self.num_update = num
+
     def update_count(self, key) -> int:
         """How many updates of `key` this optimizer counted (0 if none)."""
         return int(self._index_update_count.get(key, 0))

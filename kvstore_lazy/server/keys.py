@@ -351,15 +351,7 @@ class RowSparseKey:
         if optimizer is None:
             weights[...] = grad
         else:
-            counts = optimizer._index_update_count
-            had, count, num = self.key in counts, counts.get(self.key), optimizer.num_update
-            if not optimizer.update_rows(self.key, weights, states, np.arange(len(pos), dtype=np.int64), grad):
-                optimizer.update(self.key, weights, grad, states, row_sparse=True)
-            if had:
-                counts[self.key] = count
-            else:
-                counts.pop(self.key, None)
-            optimizer.num_update = num
+            optimizer.update_uncounted(self.key, weights, states, grad)
         payload["w"] = weights
         for i, state in enumerate(states):
             payload[f"s{i}"] = state
@@ -470,10 +462,9 @@ class RowSparseKey:
         elif store or self.spec is None:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
-            if known_absent and self.disk is None:
-                return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
-            slots = self._table.lookup(row_ids)
-            if self.disk is None and len(slots) and slots.max() < 0:   # none stored
+            # (with no disk tier, rows the caller found absent are not looked up again)
+            slots = None if known_absent and self.disk is None else self._table.lookup(row_ids)
+            if slots is None or (self.disk is None and len(slots) and slots.max() < 0):   # none stored
                 return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             if self.disk is not None:
                 cold = row_ids[slots < 0]
