@@ -1,10 +1,11 @@
 /* The server's per-message fast path in C: a CPython extension module (kvstore_lazy.protocol._fast).
 
 Owns: decoding and encoding the common shape of a PBMeta (what ps-lite sends: one-byte keys, known fields, no
-groups), gathering a row_sparse pull's rows straight from a row table into its reply, the counter-based uniform
-values of new rows, a row_sparse push's checks in one pass, optimizer updates and round merges in one call
-(store/kernels.c's own kernels, without ctypes' set-up), optimizers.py's float parser, and receiving and sending
-a ZeroMQ message whole in one call (transport/zmq_van.py). Each function either
+groups), gathering a row_sparse pull's rows straight from a row table into its reply, a round's new rows made in
+the table in one pass (ensure_rows), the counter-based uniform values of new rows, a row_sparse push's checks in
+one pass, optimizer updates and round merges in one call (store/kernels.c's own kernels, without ctypes' set-up),
+optimizers.py's float parser, and receiving and sending a ZeroMQ message whole in one call (transport/zmq_van.py).
+Each function either
 gives exactly what the Python reference gives (protocol/pbmeta.py, protocol/kv.py, store/rows.py's RowIndex,
 store/kernels.py, initializers.py, optimizers.py) or returns None (False), and the Python caller then takes its
 general path, which decides every unusual case and names every error. Nothing here raises on a peer's bytes.
