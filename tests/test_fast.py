@@ -3,6 +3,7 @@ row_sparse layout checks, and the loader's refusal of a stale build. (The PBMeta
 the reference codec in tests/test_protocol.py, beside the Python fast path.)"""
 from __future__ import annotations
 
+import functools
 import importlib
 
 import numpy as np
@@ -284,18 +285,19 @@ def test_compiled_merge_is_kernels_merge_rows(a, b, cols):
        init=st.sampled_from([ki.UniformRows(-0.07, 0.07), ki.ConstantRows(0.0, "zero"), ki.ConstantRows(2.5)]),
        wide=st.booleans(), capacity=st.sampled_from([1, 64, 4096]))
 def test_ensure_with_a_fill_makes_the_table_the_general_path_makes(batches, init, wide, capacity):
-    """RowTable.ensure with a compiled fill (one ensure_rows call when the rows fit, the general path when the
-    table or an arena must grow) leaves every slot, weight, state, bucket and change mark the general path leaves."""
+    """RowTable.ensure with ensure_rows and an initializer's compiled fill (one call when the rows fit, the general
+    path when the table or an arena must grow) leaves every slot, weight, state, bucket and change mark the general
+    path leaves."""
     if wide:
         rows._MAX_INT32_SLOTS, saved = 0, rows._MAX_INT32_SLOTS
     try:
-        fill = init.compiled_fill(42, 7)
+        place = functools.partial(native.ensure_rows, 12, init.compiled_fill(42, 7))
         make = lambda ids: init.rows(42, 7, ids, (1 << 62, 3), np.float32)   # noqa: E731
         plain, fast = (RowTable(3, np.float32, 2, initial_capacity=capacity, track_changes=True) for _ in range(2))
         for batch in batches:
             ids = np.array(batch, np.uint64)
             want = plain.ensure(ids, make)
-            got = fast.ensure(ids, make, fill)
+            got = fast.ensure(ids, make, place)
             assert got.tolist() == want.tolist()
         assert fast.buckets == plain.buckets and len(fast) == len(plain)
         assert fast._index._table.tobytes() == plain._index._table.tobytes()
@@ -313,15 +315,16 @@ def test_ensure_rows_refuses_what_does_not_fit_and_changes_nothing():
     index = table._index
     before = index._table.copy(), index._keys.array.copy(), table.arrays()[0].copy()
     slots = np.empty(3, np.int64)
+    fill = (0, 0.0, 1.0)
     args = (np.array([2, 5, 6], np.uint64), index._table, index._keys.array, rows._shift(index._table), 2)
     weights = table.arrays()[0]
-    assert native.ensure_rows(*args, 3, weights, 12, (0, 0.0, 1.0), slots) is None   # the table would grow
-    assert native.ensure_rows(*args[:4], 3, 8, weights, 12, (0, 0.0, 1.0), slots) is None  # beyond the arenas (4)
+    assert native.ensure_rows(12, fill, *args, 3, weights, slots) is None   # the table would grow
+    assert native.ensure_rows(12, fill, *args[:4], 3, 8, weights, slots) is None   # beyond the arenas (4)
     assert (index._table.tobytes(), index._keys.array.tobytes(), weights.tobytes()) == tuple(
         a.tobytes() for a in before)
     with pytest.raises(ValueError):
-        native.ensure_rows(*args, 8, weights, 12, (0, 0.0, 1.0), np.empty(2, np.int64))   # a slot per id
+        native.ensure_rows(12, fill, *args, 8, weights, np.empty(2, np.int64))   # a slot per id
     with pytest.raises(TypeError):
-        native.ensure_rows(*args, 8, weights, 12, (0, 1.0), slots)
-    assert native.ensure_rows(*args, 8, weights, 12, (0, 0.0, 1.0), slots) == 2
-    assert slots.tolist() == [1, 2, 3] and len(index) == 2   # (RowIndex.ensure_filled counts the rows it made)
+        native.ensure_rows(12, (0, 1.0), *args, 8, weights, slots)
+    assert native.ensure_rows(12, fill, *args, 8, weights, slots) == 2
+    assert slots.tolist() == [1, 2, 3] and len(index) == 2   # (RowIndex.ensure_placed counts the rows it made)

@@ -432,26 +432,28 @@ release:
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   ensure_rows(ids, table, slot_ids, shift, n, limit, weights, row_bytes, fill, slots) -> made or None: RowTable.ensure
+   ensure_rows(row_bytes, fill, ids, table, slot_ids, shift, n, limit, weights, slots) -> made or None: RowTable.ensure
    for a float32 table whose new rows are uniform_rows' values (`fill` = (key_state, span, low)), in one call: the
    slot of every row id of `ids` (uint64, unique) into `slots` (int64), the absent ones added as slots n, n+1, ... in
    their order (slot_ids[s] = id, placed in the first empty bucket of their probe run: RowIndex.insert's
    index_place) with their initial values written into their weight rows (states and columns of rows past n are zero
    already: RowTable's invariant). `made`: how many were added. None, with the table unchanged, when they do not
    fit as they are: more than `limit` rows in all (RowIndex.insert would rebuild the table larger) or than the
-   capacity of slot_ids or weights (RowTable._reserve would grow the arenas); the caller takes the general path. */
+   capacity of slot_ids or weights (RowTable._reserve would grow the arenas); the caller takes the general path.
+   row_bytes and fill come first: a key binds them once (functools.partial) and hands RowTable.ensure the rest. */
 
 static PyObject *ensure_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "ensure_rows takes 10 arguments"); return NULL; }
-    unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[4]), limit = PyLong_AsSsize_t(args[5]), row_bytes = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t row_bytes = PyLong_AsSsize_t(args[0]);
+    unsigned long long shift = PyLong_AsUnsignedLongLong(args[5]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[6]), limit = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred()) return NULL;
-    if (!PyTuple_Check(args[8]) || PyTuple_Size(args[8]) != 3) {
+    if (!PyTuple_Check(args[1]) || PyTuple_Size(args[1]) != 3) {
         PyErr_SetString(PyExc_TypeError, "ensure_rows: fill is (key_state, span, low)");
         return NULL;
     }
-    unsigned long long fill_state = PyLong_AsUnsignedLongLong(PyTuple_GetItem(args[8], 0));
-    double fill_span = PyFloat_AsDouble(PyTuple_GetItem(args[8], 1)), fill_low = PyFloat_AsDouble(PyTuple_GetItem(args[8], 2));
+    unsigned long long fill_state = PyLong_AsUnsignedLongLong(PyTuple_GetItem(args[1], 0));
+    double fill_span = PyFloat_AsDouble(PyTuple_GetItem(args[1], 1)), fill_low = PyFloat_AsDouble(PyTuple_GetItem(args[1], 2));
     if (PyErr_Occurred()) return NULL;
     if (shift < 1 || shift > 63 || row_bytes <= 0 || row_bytes % 4 || n < 0) {
         PyErr_SetString(PyExc_ValueError, "ensure_rows: bad shift, row count or row size");
@@ -460,13 +462,13 @@ static PyObject *ensure_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_buffer ids, table, keys, weights, out;
     int got = 0;
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(args[0], &ids, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[2], &ids, PyBUF_SIMPLE) < 0) return NULL;
     got = 1;
-    if (PyObject_GetBuffer(args[1], &table, PyBUF_WRITABLE) < 0) goto release;
+    if (PyObject_GetBuffer(args[3], &table, PyBUF_WRITABLE) < 0) goto release;
     got = 2;
-    if (PyObject_GetBuffer(args[2], &keys, PyBUF_WRITABLE) < 0) goto release;
+    if (PyObject_GetBuffer(args[4], &keys, PyBUF_WRITABLE) < 0) goto release;
     got = 3;
-    if (PyObject_GetBuffer(args[6], &weights, PyBUF_WRITABLE) < 0) goto release;
+    if (PyObject_GetBuffer(args[8], &weights, PyBUF_WRITABLE) < 0) goto release;
     got = 4;
     if (PyObject_GetBuffer(args[9], &out, PyBUF_WRITABLE) < 0) goto release;
     got = 5;

@@ -371,7 +371,7 @@ class RowSparseKey:
             self._promote(row_ids)
         before = len(self._table)
         if make_rows is None and self.policy is None:
-            return self._table.ensure(row_ids, self.initial_rows, self._initial_fill)
+            return self._table.ensure(row_ids, self.initial_rows, self._place_new_rows)
         slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
         if self.policy is not None and len(self._table) > before:
             self.policy.created(self._table, before, len(self._table))
@@ -508,10 +508,12 @@ class RowSparseKey:
         return None if self.spec is None else self.spec.initializer.compiled_fill(self.spec.seed, self.key)
 
     @functools.cached_property
-    def _initial_fill(self) -> tuple[int, float, float] | None:
-        """:meth:`initial_rows`' values as the compiled loop's ``(key_state, span, low)``, or None: a key that is not
-        declared makes zero rows (span and low 0), a declared one its initializer's (``compiled_fill``)."""
-        return (0, 0.0, 0.0) if self.spec is None else self._compiled_fill
+    def _place_new_rows(self) -> Callable | None:
+        """``RowTable.ensure``'s compiled routine for this key's new rows (``_fast.c`` ``ensure_rows`` with the row
+        size and :meth:`initial_rows`' values as the compiled loop's ``(key_state, span, low)``: zero for a key that
+        is not declared, else the initializer's ``compiled_fill``), or None when the loop cannot make them."""
+        fill = (0, 0.0, 0.0) if self.spec is None else self._compiled_fill
+        return None if fill is None else functools.partial(native.ensure_rows, 4 * self.row_size, fill)
 
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a

@@ -45,7 +45,6 @@ from typing import Callable
 
 import numpy as np
 
-from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store import kernels
 
 #: Check :meth:`RowIndex.insert`'s preconditions (unique, absent ids). Costs a sort and a lookup per insert.
@@ -185,13 +184,13 @@ class RowIndex:
         kernels.index_lookup(self._table, self._keys.array, ids, _shift(self._table), out)
         return out
 
-    def ensure_filled(self, ids: np.ndarray, weights: np.ndarray, fill: tuple) -> np.ndarray | None:
-        """Slots of ``ids`` (``uint64``, unique), the absent ones added as :meth:`insert` adds them, their rows of
-        ``weights`` (float32, an arena beside this index) given ``fill``'s uniform values, in one compiled call
-        (``protocol/_fast.c`` ``ensure_rows``); None, changing nothing, if they need a larger table or arena."""
+    def ensure_placed(self, ids: np.ndarray, weights: np.ndarray, place: Callable) -> np.ndarray | None:
+        """Slots of ``ids`` (``uint64``, unique), the absent ones added as :meth:`insert` adds them and their rows of
+        ``weights`` (an arena beside this index) given their initial values by ``place`` in one compiled call (see
+        :meth:`RowTable.ensure`); None, changing nothing, if they need a larger table or arena."""
         slots = np.empty(len(ids), np.int64)
-        made = native.ensure_rows(ids, self._table, self._keys.array, _shift(self._table), self._n,
-                                  int(self.max_load * len(self._table)), weights, 4 * weights.shape[1], fill, slots)
+        made = place(ids, self._table, self._keys.array, _shift(self._table), self._n,
+                     int(self.max_load * len(self._table)), weights, slots)
         if made is None:
             return None
         self._n += made
@@ -335,19 +334,21 @@ class RowTable:
         index = self._index
         return index._table, index._keys.array, _shift(index._table), self._arenas[0].array
 
-    def ensure(self, row_ids, make_rows: Callable[[np.ndarray], np.ndarray], fill: tuple | None = None) -> np.ndarray:
+    def ensure(self, row_ids, make_rows: Callable[[np.ndarray], np.ndarray],
+               place: Callable | None = None) -> np.ndarray:
         """Slots of ``row_ids`` (unique), creating the absent rows: weights ``make_rows(missing_ids)``, zero states.
 
         ``make_rows`` gets the missing ids in their ``row_ids`` order and must return a ``(m, row_size)`` array;
         it runs before anything changes, so if it raises the table is untouched; so does running out of memory
-        while growing the arenas. ``fill``: ``make_rows`` gives ``protocol/_fast.c``'s uniform values with these
-        ``(key_state, span, low)`` (``RowInitializer.compiled_fill``), so a float32 table whose new rows fit makes
-        them in one compiled pass (:meth:`RowIndex.ensure_filled`) instead.
+        while growing the arenas. ``place``: a compiled routine that does the same for a float32 table in one pass
+        when the new rows fit (``protocol/_fast.c`` ``ensure_rows`` with a key's row size and initial values bound:
+        ``place(ids, buckets, slot_ids, shift, len, row_limit, weights, slots_out) -> rows made or None``; a key
+        hands it over, as :meth:`probe_arrays` hands the table to a compiled reader); else the general path.
         """
         ids = as_row_ids(row_ids)
-        if fill is not None and self.dtype == np.float32 and ids.flags.c_contiguous:
+        if place is not None and self.dtype == np.float32 and ids.flags.c_contiguous:
             lo = len(self)
-            slots = self._index.ensure_filled(ids, self._arenas[0].array, fill)
+            slots = self._index.ensure_placed(ids, self._arenas[0].array, place)
             if slots is not None:
                 if self._changed is not None and len(self) > lo:
                     self._changed.array[lo:len(self)] = 1
