@@ -370,9 +370,10 @@ class RowSparseKey:
         if not promoted:
             self._promote(row_ids)
         before = len(self._table)
-        if make_rows is None and self.policy is None:
-            return self._table.ensure(row_ids, self.initial_rows, self._place_new_rows)
-        slots = self._table.ensure(row_ids, make_rows or self.initial_rows)
+        if make_rows is None:   # the initial values: made in one compiled pass where the loop can make them
+            slots = self._table.ensure(row_ids, self.initial_rows, self._place_new_rows)
+        else:
+            slots = self._table.ensure(row_ids, make_rows)
         if self.policy is not None and len(self._table) > before:
             self.policy.created(self._table, before, len(self._table))
         return slots
