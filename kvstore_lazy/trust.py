@@ -28,6 +28,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .membership import SCHEDULER_ID, Roster
 from .protocol.pbmeta import ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, TERMINATE, WORKER, Meta
@@ -92,19 +93,12 @@ class Gate:
     scheduler_host: str = ""
     sources: dict[int, frozenset[Address]] = field(default_factory=dict)   # node id -> addresses it may send from
     refused_nodes: dict[int, str] = field(default_factory=dict)            # announced, but never served: why
-    _allowed: dict = field(default_factory=dict, repr=False)               # address -> inside the allow-list
     _from: dict = field(default_factory=dict, repr=False)      # (node id, TCP address) -> _source's verdict
     _peers: dict = field(default_factory=dict, repr=False)     # TCP address -> _peer's (address, verdict)
 
     def allowed(self, ip: Address) -> bool:
-        if not self.allow:
-            return True
-        known = self._allowed.get(ip)
-        if known is None:
-            if len(self._allowed) > 4096:
-                self._allowed.clear()
-            known = self._allowed[ip] = any(ip in net for net in self.allow)
-        return known
+        """Inside KVSTORE_LAZY_ALLOW (asked once per source address, see _peer, and per announced address)."""
+        return not self.allow or any(ip in net for net in self.allow)
 
     def sources_of(self, host: str) -> tuple[frozenset[Address], str | None]:
         """(addresses a node announced at `host` may send from, or why none)."""
@@ -149,12 +143,7 @@ class Gate:
 
     def refusal(self, sender: int, peer: str | None, meta: Meta) -> str | None:
         """Why a message must be dropped, or None to serve it. `peer` is its TCP address (None over ipc)."""
-        known = self._peers.get(peer)
-        if known is None:
-            if len(self._peers) >= 4096:
-                self._peers.clear()
-            known = self._peers[peer] = self._peer(peer)
-        ip, reason = known
+        ip, reason = _judged(self._peers, peer, self._peer, peer)
         if reason is not None:
             return reason
         if sender == EMPTY:
@@ -171,12 +160,8 @@ class Gate:
             return f"node {sender} is not in this job (the scheduler did not announce it)"
         if sender in self.refused_nodes:
             return self.refused_nodes[sender]
-        where = (sender, peer)   # a node sends from a handful of addresses: each pair is judged once
-        reason = self._from.get(where, _UNJUDGED)
-        if reason is _UNJUDGED:
-            if len(self._from) >= 4096:
-                self._from.clear()
-            reason = self._from[where] = self._source(sender, ip)
+        # a node sends from a handful of addresses: each pair is judged once
+        reason = _judged(self._from, (sender, peer), self._source, sender, ip)
         if reason is not None:
             return reason
         return _permission(role, meta)
@@ -205,6 +190,17 @@ class Gate:
 
 
 _UNJUDGED = object()
+JUDGED_MAX = 4096      # verdicts a Gate keeps per table (peers send from a handful of addresses)
+
+
+def _judged(table: dict, key, judge: Callable[..., Any], *args: Any) -> Any:
+    """``table[key]``, made by ``judge(*args)`` the first time (a bounded table: past JUDGED_MAX it starts over)."""
+    verdict = table.get(key, _UNJUDGED)
+    if verdict is _UNJUDGED:
+        if len(table) >= JUDGED_MAX:
+            table.clear()
+        verdict = table[key] = judge(*args)
+    return verdict
 
 
 def _permission(role: int, meta: Meta) -> str | None:
