@@ -58,6 +58,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
@@ -72,14 +73,18 @@ MAX_SLOTS_BITS = 32
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)
 INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
-READ_THREADS = 4                # a batch's reads go out in this many parts at once (an SSD serves them in parallel)
-READ_SPLIT = 2048               # ... of at least this many records each
+READ_THREADS = 4                # a batch's reads go out in this many parts at once with pread (an SSD serves them in
+                                # parallel) ...
+READ_PARTS = 2                  # ... or through this many io_urings (page-cache copies: the kernel's CPU, two cores)
+READ_SPLIT = 1024               # ... of at least this many records each
+READ_AHEAD = 256                # a read of at least this many records goes to the pool's threads (see _start_pread)
 READ_RING = True                # through an io_uring where the kernel has one (kernels.pread_records), else pread
 WRITE_RING = False              # rewrite through the ring too (buffered writes: the kernel punts them to workers)
 REWRITE_IN_PLACE = True         # rewrite writes in place (False: appends, as for a segment a snapshot links)
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
 _POOL: list = []
+_WRITER: list = []
 _RING: list = []
 
 
@@ -90,11 +95,17 @@ def _uring() -> bool:
     return _RING[0]
 
 
-def _pool():
+def _pool() -> futures.ThreadPoolExecutor:
     if not _POOL:
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL.append(ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kvstore-lazy-disk"))
+        _POOL.append(futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kvstore-lazy-disk"))
     return _POOL[0]
+
+
+def _writer() -> futures.ThreadPoolExecutor:
+    """The one thread that writes the records handed over by put_records(handoff=True), in order."""
+    if not _WRITER:
+        _WRITER.append(futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-lazy-disk-write"))
+    return _WRITER[0]
 
 
 class SegmentError(ValueError):
@@ -154,6 +165,8 @@ class SegmentStore:
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
         self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
+        self._fd_at = np.zeros(0, np.int32)                 # the same by slot, -1 where none is open (_fds_of)
+        self._writes: list[tuple] = []                      # (slot, first, end, future): writes under way
         self._wfds: dict[int, int] = {}                     # segment slot -> one for writes in place (rewrite)
         self._active: int | None = None
         self._next_number = 1
@@ -262,12 +275,15 @@ class SegmentStore:
         records["id"] = ids
         return records
 
-    def put_records(self, records: np.ndarray) -> None:
-        """Write records made by :meth:`new_records` (present ids are replaced)."""
+    def put_records(self, records: np.ndarray, handoff: bool = False) -> None:
+        """Write records made by :meth:`new_records` (present ids are replaced). With ``handoff`` the caller hands
+        ``records`` over (it never touches them again): they are indexed at once and written by the writer thread
+        while the caller goes on (their segment space is reserved first, so a full disk is a DiskError here, as
+        without; a failed write is a DiskError at the next call that waits for it, see :meth:`_settle`)."""
         if records.dtype != self.record_dtype or records.ndim != 1:
             raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
         if len(records):
-            self._append(np.ascontiguousarray(records))
+            self._append(np.ascontiguousarray(records), later=handoff and records.flags.c_contiguous)
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
@@ -288,22 +304,21 @@ class SegmentStore:
     def take_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[..., None]]:
         """:meth:`take_present` as whole records in file order, without reordering them: ``(present, order, records,
         drop)``, ``records[j]`` (checked) the record of ``row_ids[present][order[j]]``."""
+        take = self.begin_take(row_ids)
+        order, records = take.records()
+        return take.present, order, records, take.drop
+
+    def begin_take(self, row_ids) -> "Take":
+        """:meth:`take_records` in two halves: the index probe now (``Take.present``) and the records' read started
+        on the pool's threads; ``Take.records()`` waits for it. Between the two the caller may do other work (the
+        disk tier places the rows in its table and drops them from the index: the read does not look at either).
+        Take.records() must be called before anything else reads or changes this store's files."""
         ids = as_row_ids(row_ids)
         index = self._index.lookup(ids)
         present = index >= 0
         index = index[present]
-        if len(index):
-            order, records = self._read_ordered(ids[present], self._locations(index))
-        else:
-            order, records = np.zeros(0, np.int64), np.zeros(0, self.record_dtype)
-
-        def drop(which: np.ndarray | None = None) -> None:
-            """Delete the rows read (with ``which``, a mask over ``records``: those only)."""
-            gone = index if which is None else index[order[which]]
-            if len(gone):
-                self._drop(gone)
-
-        return present, order, records, drop
+        finish = self._start_read(ids[present], self._locations(index)) if len(index) else None
+        return Take(self, present, index, finish)
 
     def get_records(self, row_ids) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`get` as whole records in file order: ``(order, records)``, ``records[j]`` (checked) the record of
@@ -324,6 +339,7 @@ class SegmentStore:
             raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
         if not len(records):
             return 0
+        self._settle()
         index = self._index.lookup(records["id"])
         if (index < 0).any():
             raise KeyError(f"{int((index < 0).sum())} of {len(records)} rows are not in the store {self.path}")
@@ -389,6 +405,7 @@ class SegmentStore:
         """Rewrite the live records of sealed segments whose garbage share passes ``ratio`` (default the store's),
         then retire them; returns how many segments were compacted."""
         ratio = self.compact_ratio if ratio is None else ratio
+        self._settle()
         done = 0
         for slot in self._sealed():
             if 1.0 - self._live[slot] / self.segment_rows >= ratio:
@@ -406,6 +423,7 @@ class SegmentStore:
         freed than :meth:`compact`'s per-segment threshold; the disk stays within ``1 / (1 - ratio)`` of the live
         records, plus the active segment (and what ``limit`` defers to the next call)."""
         ratio = self.compact_ratio if ratio is None else ratio
+        self._settle()
         done = 0
         while done < limit:
             sealed = self._sealed()
@@ -454,6 +472,7 @@ class SegmentStore:
         """Make what is stored now durable: fsync the segments written since the last commit, then write the index
         atomically. With ``into`` (another directory on the same file system, which must not exist), the committed
         store goes there instead, its segments hard-linked (this store's own commit is unchanged)."""
+        self._settle()
         try:
             live = set(self._names.values())
             for name in sorted(self._dirty & live):
@@ -496,8 +515,11 @@ class SegmentStore:
                 self._read(ids[part], locs[part])
 
     def close(self) -> None:
+        futures.wait([write[3] for write in self._writes])      # (their errors, if any, were the caller's to see)
+        self._writes = []
         for fd in list(self._fds.values()) + list(self._wfds.values()):
             os.close(fd)
+        self._fd_at = np.zeros(0, np.int32)
         self._fds.clear()
         self._wfds.clear()
 
@@ -589,18 +611,27 @@ class SegmentStore:
     def _read_ordered(self, ids: np.ndarray, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(order, records)``: the records at ``locs`` (of ``ids``) in file order, ``records[j]`` the one of
         ``ids[order[j]]``, checked as :meth:`_read` says."""
+        return self._start_read(ids, locs)()
+
+    def _start_read(self, ids: np.ndarray, locs: np.ndarray) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """:meth:`_read_ordered` started (:meth:`_start_pread`); the function returned waits for it and checks it."""
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
         order = np.argsort(locs, kind="stable")              # by segment slot, then offset
-        got = self._pread(slots[order], offsets[order])
-        sorted_bad = (self._checks(got, locs[order]) != got["check"]) | (got["id"] != ids[order])
-        if sorted_bad.any():
-            bad = np.zeros(len(ids), bool)
-            bad[order[sorted_bad]] = True
-            slot = int(slots[bad].min())
-            self._refuse(slot, offsets[bad & (slots == slot)])
-        self.counters["records_read"] += len(ids)
-        return order, got
+        wait = self._start_pread(slots[order], offsets[order])
+
+        def finish() -> tuple[np.ndarray, np.ndarray]:
+            got = wait()
+            sorted_bad = (self._checks(got, locs[order]) != got["check"]) | (got["id"] != ids[order])
+            if sorted_bad.any():
+                bad = np.zeros(len(ids), bool)
+                bad[order[sorted_bad]] = True
+                slot = int(slots[bad].min())
+                self._refuse(slot, offsets[bad & (slots == slot)])
+            self.counters["records_read"] += len(ids)
+            return order, got
+
+        return finish
 
     def _read_segment(self, slot: int) -> np.ndarray:
         """All records written to a segment, in one read (straight into the array returned)."""
@@ -621,18 +652,22 @@ class SegmentStore:
 
     def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Records at (slot, offset) pairs in file order (sorted by slot, then offset: adjacent records are one
-        read), straight into the array returned. Through an io_uring one call reads them all (the kernel serves the
-        reads that miss the page cache in parallel); with pread, up to READ_THREADS threads split them (the C loop
-        releases the GIL)."""
+        read), straight into the array returned."""
+        return self._start_pread(slots, offsets)()
+
+    def _start_pread(self, slots: np.ndarray, offsets: np.ndarray) -> Callable[[], np.ndarray]:
+        """:meth:`_pread` started: a batch of at least ``READ_AHEAD`` records is read on the pool's threads (the C
+        loop releases the GIL), in ``READ_PARTS`` parts through their io_urings (one each, kept), or up to
+        ``READ_THREADS`` parts with pread; a smaller one at once. The function returned waits for the reads and
+        gives the records (a failed read: SegmentError or DiskError naming the segment). A read waits first for
+        the writes still under way that hold any of its records (:meth:`_settle`)."""
         got = np.empty(len(slots), self.record_dtype)
         if not len(slots):
-            return got
-        fd_of = np.full(int(slots[-1]) + 1, -1, np.int32)
-        for slot in np.unique(slots):
-            fd_of[slot] = self._fd(int(slot))
-        fds, where = fd_of[slots], offsets * self.record_bytes
+            return lambda: got
+        self._settle(slots, offsets)
+        fds, where = self._fds_of(slots), offsets * self.record_bytes
         ring = READ_RING and _uring()
-        parts = 1 if ring else max(1, min(READ_THREADS, len(slots) // READ_SPLIT))
+        parts = max(1, min(READ_PARTS if ring else READ_THREADS, len(slots) // READ_SPLIT))
         bounds = np.linspace(0, len(slots), parts + 1).astype(np.int64)
 
         def read(i: int) -> tuple[int, int]:
@@ -640,15 +675,35 @@ class SegmentStore:
             err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], ring)
             return err, (row + lo if err else -1)
 
-        results = list(_pool().map(read, range(parts))) if parts > 1 else [read(0)]
-        for err, row in results:
-            if err:
-                slot = int(slots[row])
-                file = self.path / self._names[slot]
-                if err < 0:
-                    raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[row])}")
-                raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
-        return got
+        if len(slots) >= READ_AHEAD:
+            futures = [_pool().submit(read, i) for i in range(parts)]
+            results = None
+        else:
+            results = [read(0)]
+
+        def wait() -> np.ndarray:
+            for err, row in results if results is not None else [f.result() for f in futures]:
+                if err:
+                    slot = int(slots[row])
+                    file = self.path / self._names[slot]
+                    if err < 0:
+                        raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[row])}")
+                    raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
+            return got
+
+        return wait
+
+    def _fds_of(self, slots: np.ndarray) -> np.ndarray:
+        """The read-only file descriptor of each segment slot in ``slots`` (int32), opening those not open yet."""
+        top = int(slots.max()) + 1
+        if len(self._fd_at) < top:
+            self._fd_at = np.concatenate([self._fd_at, np.full(top - len(self._fd_at), -1, np.int32)])
+        fds = self._fd_at[slots]
+        if (fds < 0).any():
+            for slot in np.unique(slots[fds < 0]):
+                self._fd_at[slot] = self._fd(int(slot))
+            fds = self._fd_at[slots]
+        return fds
 
     def _new_segment(self) -> int:
         free = np.flatnonzero(np.isin(np.arange(len(self._live) + 1), list(self._names), invert=True))
@@ -676,9 +731,10 @@ class SegmentStore:
         self._names[slot], self._fill[slot], self._live[slot] = name, 0, 0
         return slot
 
-    def _append(self, records: np.ndarray) -> None:
+    def _append(self, records: np.ndarray, later: bool = False) -> None:
         """Write ``records`` (ids unique, checks unset) at the end of the log and point the index at them. Nothing
-        is indexed unless every record was written."""
+        is indexed unless every record was written, or with ``later`` (the records handed over: put_records), its
+        segment space reserved and its write handed to the writer thread."""
         ids = records["id"]
         locs = np.empty(len(records), np.uint32)
         placed = 0
@@ -696,7 +752,7 @@ class SegmentStore:
                 locs[placed:placed + n] = offsets | np.uint32(slot << self._shift)
                 kernels.record_seal(part.view(np.uint32).reshape(n, self._words), self._mult,
                                     locs[placed:placed + n], 2)        # the check word (after the 8-byte id)
-                self._pwrite(slot, part, start)
+                self._pwrite(slot, part, start, later)
                 self._fill[slot] = start + n
                 self._dirty.add(self._names[slot])
                 placed += n
@@ -716,15 +772,32 @@ class SegmentStore:
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)
 
-    def _pwrite(self, slot: int, records: np.ndarray, start: int) -> None:
-        data = np.ascontiguousarray(records).view(np.uint8).data
-        fd = os.open(self.path / self._names[slot], os.O_WRONLY)
-        try:
-            offset, done = start * self.record_bytes, 0
-            while done < len(data):
-                done += os.pwrite(fd, data[done:], offset + done)
-        finally:
-            os.close(fd)
+    def _pwrite(self, slot: int, records: np.ndarray, start: int, later: bool = False) -> None:
+        file = self.path / self._names[slot]
+        if not later:
+            _pwrite_file(file, records, start * self.record_bytes)
+            return
+        future = _writer().submit(_pwrite_file, file, records, start * self.record_bytes)
+        self._writes.append((slot, start, start + len(records), future))
+
+    def _settle(self, slots: np.ndarray | None = None, offsets: np.ndarray | None = None) -> None:
+        """Wait for the writes under way (put_records with handoff) that hold a record at one of the (slot, offset)
+        pairs given, or for all of them; raise the first failed one's error as a DiskError. Everything that reads
+        or changes the files written calls this first: reads wait for their own records only, the rest for all."""
+        waiting = []
+        for write in self._writes:
+            slot, first, end, future = write
+            if future.done() or slots is None or \
+                    np.any((slots == slot) & (offsets >= first) & (offsets < end)):   # type: ignore[operator]
+                try:
+                    future.result()
+                except OSError as exc:
+                    self._writes = [w for w in self._writes if w is not write]
+                    raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") \
+                        from exc
+            else:
+                waiting.append(write)
+        self._writes = waiting
 
     def _drop(self, index: np.ndarray) -> None:
         locs = self._locations(index)
@@ -733,6 +806,9 @@ class SegmentStore:
         self.version += 1
 
     def _retire(self, slot: int) -> None:
+        self._settle()
+        if slot < len(self._fd_at):
+            self._fd_at[slot] = -1
         for fds in (self._fds, self._wfds):
             fd = fds.pop(slot, None)
             if fd is not None:
@@ -755,6 +831,44 @@ class SegmentStore:
             os.fsync(f.fileno())
         os.replace(tmp, target)
         fsync_path(target.parent)
+
+
+def _pwrite_file(file: Path, records: np.ndarray, offset: int) -> None:
+    """``records``' bytes at ``offset`` of ``file`` (opened for this write alone)."""
+    data = records.view(np.uint8).data
+    fd = os.open(file, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], offset + done)
+    finally:
+        os.close(fd)
+
+
+class Take:
+    """The records of a batch of rows being read (:meth:`SegmentStore.begin_take`): ``present``, a mask of the ids
+    stored, at once; :meth:`records` waits for the read and checks it (once); :meth:`drop` deletes the rows read
+    from the index, before or after the read (which does not look at the index)."""
+
+    def __init__(self, store: SegmentStore, present: np.ndarray, index: np.ndarray,
+                 finish: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> None:
+        self.store, self.present, self._index, self._finish = store, present, index, finish
+        self._order: np.ndarray | None = None
+
+    def records(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, records)``: ``records[j]`` (checked, in file order) the record of ``row_ids[present][order[j]]``."""
+        if self._finish is None:
+            self._order = np.zeros(0, np.int64)
+            return self._order, np.zeros(0, self.store.record_dtype)
+        self._order, records = self._finish()
+        self._finish = None
+        return self._order, records
+
+    def drop(self, which: np.ndarray | None = None) -> None:
+        """Delete the rows read (with ``which``, a mask over the records, after :meth:`records`: those only)."""
+        gone = self._index if which is None else self._index[self._order[which]]
+        if len(gone):
+            self.store._drop(gone)
 
 
 def pick(records: np.ndarray, index: np.ndarray) -> np.ndarray:

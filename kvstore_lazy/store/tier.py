@@ -220,7 +220,7 @@ class DiskTier:
                 order = np.argsort(ids, kind="stable")       # records by id, as RowTable.export gives rows
                 records = np.empty(len(chunk), self.store.record_dtype)
                 kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
-                self.store.put_records(records)
+                self.store.put_records(records, handoff=True)      # written by the store's writer thread
                 del records
                 written.append(ids[order])
         except (DiskError, SegmentError):
@@ -268,36 +268,43 @@ class DiskTier:
             return 0, none
         version = self.store.version
         cached, cached_records = self._cache.find(version, cold)     # read in place since the store last changed
-        present, order, records, drop = self.store.take_records(cold[~cached])   # one index probe, one read
+        take = self.store.begin_take(cold[~cached])                  # one index probe; the read under way
+        # where in cold each record's row is: cached_records[j] of cold[at_cached[j]], the stored ones at at_stored
+        at_cached, at_stored = np.flatnonzero(cached), np.flatnonzero(~cached)[take.present]
         if count:
-            self.count(int(len(ids) - absent.sum()), int(cached.sum() + present.sum()))
-        if not len(cached_records) and not len(records):
+            self.count(int(len(ids) - absent.sum()), len(at_cached) + len(at_stored))
+        if not len(at_cached) and not len(at_stored):
             return 0, none
-        # where in cold each record's row is: cached_records[j] of cold[at_cached[j]], records[j] of cold[at_read[j]]
-        at_cached = np.flatnonzero(cached)
-        at_read = np.flatnonzero(~cached)[present][order]
+        come = np.zeros(len(cold), bool)
+        slot_of = None
+        if admit is None:
+            # every row found comes in: while its record is read (on the pool's threads), it gets its slot and
+            # leaves the disk index (a read that then fails stops the server: DiskTierFailure)
+            come[at_cached] = come[at_stored] = True
+            slot_of = self._place(table, cold, come)
+            take.drop()
+        order, records = take.records()
+        at_read = at_stored[order]          # records[j] of cold[at_read[j]]
         in_c = np.ones(len(at_cached), bool) if admit is None else admit(cached_records["payload"])
         in_r = np.ones(len(at_read), bool) if admit is None else admit(records["payload"])
         rest = none
         if not (in_c.all() and in_r.all()):
             rest = join([pick(cached_records, ~in_c), pick(records, ~in_r)])
-        # new rows (in the order of row_ids, as RowTable.insert_rows would place them) filled from the records in
-        # one pass each
-        come = np.zeros(len(cold), bool)
-        come[at_cached[in_c]] = True
-        come[at_read[in_r]] = True
         moved = cold[come]
+        if slot_of is None:
+            come[at_cached[in_c]] = True
+            come[at_read[in_r]] = True
+            moved = cold[come]
+            if len(moved):
+                slot_of = self._place(table, cold, come)
+                take.drop(in_r)
         if len(moved):
-            zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
-            slot_of = np.full(len(cold), -1, np.int64)
-            slot_of[come] = table.ensure(moved, lambda new: zeros)
             fields = self._fields(table)
             kernels.scatter_fields(cached_records if in_c.all() else pick(cached_records, in_c),
                                    slot_of[at_cached[in_c]], fields)
             kernels.scatter_fields(records if in_r.all() else pick(records, in_r), slot_of[at_read[in_r]], fields)
             del fields
             table.mark_changed(slot_of[come])
-            drop(in_r)
             if in_c.any():
                 self.store.delete(cold[at_cached[in_c]])
             self._cache.forget(version, self.store.version, moved)
@@ -305,6 +312,16 @@ class DiskTier:
         if keep and len(rest):
             self._cache.add(self.store.version, rest["id"], rest)
         return len(moved), rest
+
+    @staticmethod
+    def _place(table: RowTable, cold: np.ndarray, come: np.ndarray) -> np.ndarray:
+        """Slots in ``table`` for the rows ``cold[come]`` (absent from it), zero until their records are scattered
+        there, made in the order of ``cold`` (as RowTable.insert_rows would place them); -1 elsewhere."""
+        moved = cold[come]
+        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
+        slot_of = np.full(len(cold), -1, np.int64)
+        slot_of[come] = table.ensure(moved, lambda new: zeros)
+        return slot_of
 
     @_fatal
     def write_back(self, records: np.ndarray) -> None:
