@@ -788,7 +788,7 @@ class SegmentStore:
         for write in self._writes:
             slot, first, end, future = write
             if future.done() or slots is None or \
-                    np.any((slots == slot) & (offsets >= first) & (offsets < end)):   # type: ignore[operator]
+                    np.any((slots == slot) & (offsets >= first) & (offsets < end)):
                 try:
                     future.result()
                 except OSError as exc:
@@ -856,7 +856,8 @@ class Take:
         self._order: np.ndarray | None = None
 
     def records(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(order, records)``: ``records[j]`` (checked, in file order) the record of ``row_ids[present][order[j]]``."""
+        """``(order, records)``: ``records[j]`` (checked, in file order) the record of the row
+        ``row_ids[present][order[j]]``."""
         if self._finish is None:
             self._order = np.zeros(0, np.int64)
             return self._order, np.zeros(0, self.store.record_dtype)
