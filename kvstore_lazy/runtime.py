@@ -473,8 +473,7 @@ class ServerNode:
         self._set_roster(roster)
         self._peers = peers
         self._connect_peers()
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
-                               lifecycle=cfg.lifecycle)
+        self.server = self._new_server(rank)
         log.info("registered as server rank %d (node %d) of %d servers, %d workers%s", rank, self.my_id,
                  cfg.num_servers, cfg.num_workers, " (recovered node)" if recovered else "")
         self._start_timers()
@@ -519,8 +518,7 @@ class ServerNode:
         self.timestamp = _rejoin_timestamp()
         self.port = self._bind_again(cfg.bind or record["host"], int(record["port"]))
         log.info("rejoining as server rank %d (node %d) at %s:%d", rank, self.my_id, record["host"], self.port)
-        self.server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize,
-                               lifecycle=cfg.lifecycle)
+        self.server = self._new_server(rank)
         self._peers = [membership.Peer(int(i), int(role), h, int(p)) for i, role, h, p in record["peers"]]
         self._expect_scheduler()
         self._set_roster(membership.Roster({peer.node_id: peer for peer in self._peers}))
@@ -530,6 +528,12 @@ class ServerNode:
         self._start_timers()
         self._write_membership()
         self._status_serving()
+
+    def _new_server(self, rank: int) -> KVServer:
+        cfg = self.config
+        server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize, lifecycle=cfg.lifecycle)
+        server.lifecycle.defer = True      # a round end's budget pass after its replies: _dispatch
+        return server
 
     def _announce_address(self) -> None:
         """Rejoined under a DNS name, perhaps at a new IP (a re-created pod): tell every worker where this server is
@@ -1001,6 +1005,11 @@ class ServerNode:
         started, bad = time.perf_counter(), self.server.bad_requests
         for recver, reply in self._process(msg):
             self._send(recver, reply)
+        if self.server.lifecycle.due:
+            # the round's replies go first, then its budget pass (a disk tier's demotions: tens of ms), which
+            # the workers then do not wait for unless their next requests come sooner
+            self._release()
+            self.server.settle()
         if self.metrics is not None:
             self.metrics.request(msg.meta, time.perf_counter() - started, self.server.bad_requests - bad)
 

@@ -100,6 +100,7 @@ class KVServer:
 
     def handle(self, msg: Message) -> list[tuple[int, Message]]:
         """Process one request; return (recipient node id, message) pairs to send, in order."""
+        self.settle()
         if msg.sender == EMPTY:
             log.error("dropping a request from an unidentified node (no ps<id> identity): head %s", msg.meta.head)
             return []
@@ -302,10 +303,18 @@ class KVServer:
         payload = entry.pull(request, store=self.materialize == MATERIALIZE_ON_TOUCH)
         return wire.rows_reply(request, payload, entry.row_size)
 
+    def settle(self) -> None:
+        """Run what the last round end left for after its replies (the memory budget's pass, when the runtime
+        defers it: ``lifecycle.defer``, Lifecycle.run_due). Everything that handles a request or reads the state
+        calls this first, so a pass always runs at the same point of the request stream."""
+        if self.lifecycle.due:
+            self.lifecycle.run_due()
+
     # ------------------------------------------------------------------------------------------------------------
     # what the runtime and tools read: stats, quiescence, snapshots
 
     def stats(self) -> dict:
+        self.settle()
         keys = {str(k): e.stats() for k, e in sorted(self.keys.items()) if isinstance(e, RowSparseKey)}
         dense = [e for e in self.keys.values() if isinstance(e, DenseKey)]
         return {"rank": self.rank, "sparse": keys, "dense_keys": len(dense),
@@ -323,6 +332,7 @@ class KVServer:
         """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot; with `delta`, per key only what
         changed since the last :meth:`snapshot_written` (checkpoint.SnapshotChain). Pending sync-round merges are not
         included: their pushes were not acknowledged yet."""
+        self.settle()
         opt = self.optimizer
         meta = {
             "sync_mode": self.sync_mode, "multi_precision": self.multi_precision,

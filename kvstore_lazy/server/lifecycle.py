@@ -458,6 +458,8 @@ class Lifecycle:
         self.budget_passes = 0
         self._warned = False
         self.keys: dict = {}          # the server's keys (the dict apply gets): for headroom()
+        self.defer = False            # the budget's pass waits for run_due (see apply)
+        self.due = False              # a round end's pass not run yet
 
     def policy_for(self, policy: Policy, key: int, seed: int) -> RowPolicy | None:
         """The state a lazy key with ``policy`` keeps, or None when nothing would ever act on its rows."""
@@ -477,7 +479,10 @@ class Lifecycle:
 
     def apply(self, entry, grad, optimizer, sync: bool, keys: dict) -> None:
         """Apply one update to ``entry`` (a merged round or an async push) and, at an eviction point, run the key's
-        TTL sweep and the budget."""
+        TTL sweep and the budget. With ``defer`` the budget's pass is left for :meth:`run_due`: the server runs it
+        after the round's replies are sent and in any case before it handles anything else, so the same rows go at
+        the same point of the request stream (only the workers stop waiting for it: with a disk tier a pass that
+        demotes a tenth of the budget takes tens of ms)."""
         self.keys = keys
         policy = getattr(entry, "policy", None)
         if policy is None:
@@ -488,7 +493,16 @@ class Lifecycle:
         if policy.point:
             entry.expire()
             if self.settings.memory_budget:
-                self.enforce_budget(keys)
+                self.due = True
+                if not self.defer:
+                    self.run_due()
+
+    def run_due(self) -> int:
+        """The budget's pass an eviction point left (see :meth:`apply`), if any; the rows evicted."""
+        if not self.due:
+            return 0
+        self.due = False
+        return self.enforce_budget(self.keys)
 
     # -- the budget
 
