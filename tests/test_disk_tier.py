@@ -7,11 +7,27 @@ import numpy as np
 import pytest
 
 from kvstore_lazy.server.lifecycle import Settings
-from test_lifecycle import KEY, key_stats, server, streams, sync_round
+from kvstore_lazy.store import tier as tier_module
+from kvstore_lazy.store.segments import DenseIndex
+from test_lifecycle import KEY, ROWS, key_stats, server, streams, sync_round
 
 
 # both indexes' buckets (memory, disk) and 200 rows of 48 bytes (4 + 4 floats, 8 of columns, 8 of id)
 BUDGET = 4096 * 4 + 4096 * 4 + 200 * 48
+
+
+def budget_for(index: str, monkeypatch) -> int:
+    """BUDGET for a disk tier with a hash index; with "dense", the key's dense index (4 bytes a possible row) instead
+    of the hash index's buckets, and the dense index chosen for it (the share of the budget it may take raised to
+    all of it)."""
+    if index == "hash":
+        return BUDGET
+    monkeypatch.setattr(tier_module, "DENSE_SHARE", 1)
+    return BUDGET - 4096 * 4 + 4 * ROWS
+
+
+def index_kind(peer) -> str:
+    return "dense" if isinstance(peer.server.keys[KEY].disk.store._index, DenseIndex) else "hash"
 
 
 def run(history, settings=None, pulls=True, **policy):
@@ -30,13 +46,17 @@ def tables(peer) -> dict:
             "states": [s.tobytes() for s in t["states"]]}
 
 
-@pytest.mark.parametrize("evict,segment_rows", [("lru", 1 << 16), ("lfu", 1 << 16), ("lru", 64)])
-def test_rows_through_disk_and_back_are_bit_identical_to_no_budget(tmp_path, evict, segment_rows):
+@pytest.mark.parametrize("evict,segment_rows,index", [("lru", 1 << 16, "hash"), ("lfu", 1 << 16, "hash"),
+                                                      ("lru", 64, "hash"), ("lru", 1 << 16, "dense"),
+                                                      ("lfu", 64, "dense")])
+def test_rows_through_disk_and_back_are_bit_identical_to_no_budget(tmp_path, monkeypatch, evict, segment_rows,
+                                                                    index):
     history = streams(rounds=40, span=20_000, batch=100)
     free, free_pulls = run(history)
-    budget = BUDGET
+    budget = budget_for(index, monkeypatch)
     tier, tier_pulls = run(history, Settings(memory_budget=budget, evict=evict, disk_dir=str(tmp_path),
                                              disk_segment_rows=segment_rows))
+    assert index_kind(tier) == index
     assert all(np.array_equal(a, b) for a, b in zip(free_pulls, tier_pulls))
     assert tables(tier) == tables(free)               # every row, weights and momentum, both tiers together
     s = key_stats(tier)
@@ -54,19 +74,21 @@ def test_rows_through_disk_and_back_are_bit_identical_to_no_budget(tmp_path, evi
         assert len(files) == store.stats()["segments"] <= len(entry.disk) // 64 * 2 + 2
 
 
-def test_admission_and_ttl_act_on_both_tiers(tmp_path):
+@pytest.mark.parametrize("index", ["hash", "dense"])
+def test_admission_and_ttl_act_on_both_tiers(tmp_path, monkeypatch, index):
     history = streams(rounds=48, span=20_000, batch=100)
     policy = dict(admit_min_count=2, ttl_rounds=16)
     free, _ = run(history, **policy)
-    tier, _ = run(history, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path)), **policy)
+    tier, _ = run(history, Settings(memory_budget=budget_for(index, monkeypatch), disk_dir=str(tmp_path)), **policy)
+    assert index_kind(tier) == index
     assert tables(tier) == tables(free)
     s, f = key_stats(tier), key_stats(free)
     assert s["expired_disk"] > 0, "expired rows must leave the disk too"
     assert (s["admitted"], s["dropped"], s["evicted_ttl"]) == (f["admitted"], f["dropped"], f["evicted_ttl"])
 
 
-@pytest.mark.parametrize("window", [0, 2])
-def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, window):
+@pytest.mark.parametrize("window,index", [(0, "hash"), (2, "hash"), (0, "dense"), (2, "dense")])
+def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, monkeypatch, window, index):
     """Snapshots (full, then deltas) hold the disk tier as a committed store with hard-linked segments; a server
     restored from them (into another disk directory) continues exactly. With an admission window (rows updated
     where they are on disk), a segment a snapshot links is never written in place (copy-on-write)."""
@@ -76,7 +98,8 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, window)
     from test_server import Peer
     history = streams(rounds=40, span=20_000, batch=100)
     free, _ = run(history)
-    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True,
+    budget = budget_for(index, monkeypatch)
+    settings = Settings(memory_budget=budget, disk_dir=str(tmp_path / "a"), track_changes=True,
                         disk_admit_window=window)
     a, workers = server(settings=settings)
     chain = checkpoint.SnapshotChain(tmp_path / "snap", 0, 1, compact_ratio=100.0)
@@ -95,9 +118,11 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, window)
     loaded = checkpoint.load_snapshot(tmp_path / "snap", 0)
     if window:        # the snapshots' records were verified above (load_snapshot): rewrites went around them
         assert a.server.keys[KEY].disk.counters["updated_in_place"] > 0
-    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "b"),
+    monkeypatch.setattr(tier_module, "DENSE_SHARE", 4)     # the store restored keeps the index kind it had
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(tmp_path / "b"),
                                                   track_changes=True, disk_admit_window=window)))
     b.server.restore(loaded.manifest["server"], loaded.tables)
+    assert index_kind(b) == index
     assert b.server.inspect() == a.server.inspect()
     wb = [Requests(WORKER0), Requests(WORKER1)]
     for step, per_worker in enumerate(history[20:], start=20):

@@ -36,16 +36,19 @@ batch = st.lists(row_id, unique=True, max_size=40)
 class StoreMachine(RuleBasedStateMachine):
     """Every operation on the store and on a dict; they must always agree, also after a reopen from disk."""
 
+    ROWS: tuple[int, int] | None = None          # the store's row range (a dense index), or None (a hash index)
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="segments-"))
-        self.store = SegmentStore(self.dir / "s", PAYLOAD, segment_rows=16, compact_ratio=0.4)
+        self.store = SegmentStore(self.dir / "s", PAYLOAD, segment_rows=16, compact_ratio=0.4, rows=self.ROWS)
         self.model: dict[int, bytes] = {}
         self.committed: dict[int, bytes] = {}
         self.salt = 0.0
 
     @rule(ids=batch)
     def put(self, ids):
+        ids = self.ids(ids)
         self.salt += 1
         values = payload(ids, self.salt)
         self.store.put(np.array(ids, np.uint64), values)
@@ -53,6 +56,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(ids=batch)
     def delete(self, ids):
+        ids = self.ids(ids)
         want = sum(i in self.model for i in ids)
         assert self.store.delete(np.array(ids, np.uint64)) == want
         for i in ids:
@@ -60,9 +64,16 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(ids=batch)
     def take(self, ids):
+        ids = self.ids(ids)
         ids = [i for i in ids if i in self.model]
         got = self.store.take(np.array(ids, np.uint64))
         assert [g.tobytes() for g in got] == [self.model.pop(i) for i in ids]
+
+    def ids(self, ids: list[int]) -> list[int]:
+        if self.ROWS is None:
+            return ids
+        first, count = self.ROWS
+        return list(dict.fromkeys(first + i % count for i in ids))
 
     @rule()
     def compact(self):
@@ -74,6 +85,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(ids=batch)
     def take_present(self, ids):
+        ids = self.ids(ids)
         present, got, drop = self.store.take_present(np.array(ids, np.uint64))
         assert present.tolist() == [i in self.model for i in ids]
         drop()
@@ -108,6 +120,34 @@ class StoreMachine(RuleBasedStateMachine):
 
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class DenseStoreMachine(StoreMachine):
+    """The same with a dense index over rows [250, 450): ids map into it (the invariant's absent ids below 250 are
+    out of its range, and must read as absent)."""
+
+    ROWS = (250, 200)
+
+
+TestDenseStoreMachine = DenseStoreMachine.TestCase
+TestDenseStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_dense_index_refuses_rows_outside_its_range_and_costs_4_bytes_a_possible_row(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16, rows=(1000, 500))
+    ids = np.arange(1000, 1100, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    assert store.index_nbytes() == 4 * 500 and store.index_row_nbytes() == 0 and len(store) == 100
+    before = store.stats()
+    with pytest.raises(ValueError, match=r"row 1500 is outside this store's rows \[1000, 1500\)"):
+        store.put(np.array([1001, 1500], np.uint64), payload([1001, 1500]))
+    assert store.stats() == before and store.get(ids[:2]).tobytes() == payload(ids[:2]).tobytes()
+    assert not store.contains(np.array([0, 999, 1500, 2**64 - 1], np.uint64)).any()
+    store.delete(ids[::2])
+    store.commit()
+    again = SegmentStore.open(tmp_path / "s")
+    assert again.rows == (1000, 500) and again.row_ids().tolist() == ids[1::2].tolist()
+    assert again.get(ids[1::2]).tobytes() == payload(ids[1::2]).tobytes()
 
 
 def test_compaction_reclaims_garbage_and_keeps_rows(tmp_path):

@@ -29,7 +29,7 @@ from ..protocol.fast import native
 from ..protocol.kv import BadRequest, DataRequest
 from ..store import kernels
 from ..store.rows import RowTable
-from ..store.tier import DiskTier
+from ..store.tier import DiskTier, dense_rows
 from .declaration import LazySpec
 from .lifecycle import Lifecycle, RowPolicy
 
@@ -311,7 +311,8 @@ class RowSparseKey:
         """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
         if lifecycle.settings.disk_dir and self.policy is not None:
             self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows,
-                                 compact_ratio=lifecycle.settings.disk_compact)
+                                 compact_ratio=lifecycle.settings.disk_compact,
+                                 rows=dense_rows(self.row_offset, self.local_rows, lifecycle.settings.memory_budget))
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
@@ -545,7 +546,7 @@ class RowSparseKey:
             return
         old, path = self.disk, self.disk.path
         new = DiskTier(path.with_name(path.name + ".relayout"), self._table, old.store.segment_rows,
-                       compact_ratio=old.store.compact_ratio)
+                       compact_ratio=old.store.compact_ratio, rows=old.store.rows)
         same_states = old.layout[2] == self._table.num_states
         for rows in old.chunks():
             rows["weights"] = rows["weights"].astype(self._table.dtype)

@@ -133,11 +133,88 @@ def _dtype_from_json(fields: list) -> np.dtype:
     return np.dtype([(str(name), np.dtype(str(base)), tuple(int(d) for d in shape)) for name, base, shape in fields])
 
 
+class DenseIndex:
+    """The index of a store whose row ids all lie in [first, first + count) (a key's rows on one server): one
+    ``uint32`` location per *possible* row at ``id - first`` (the row's index slot), :data:`EMPTY` where the row is
+    not stored. 4 bytes a possible row, all of them from the start, against the hash index's 17 to 22 a stored row;
+    a probe is one array read, an insert or a removal one write (no hashing, no probe sequence, no rows moved). The
+    same interface as the hash index (a :class:`~kvstore_lazy.store.rows.RowTable` of one uint32 column) where the
+    store uses it."""
+
+    EMPTY = 0xFFFFFFFF
+
+    def __init__(self, first: int, count: int) -> None:
+        if first < 0 or count < 0 or first + count > 1 << 63:
+            raise ValueError(f"row range [{first}, {first} + {count}) out of bounds")
+        self.first, self.count = int(first), int(count)
+        self._locs = np.full((self.count, 1), self.EMPTY, np.uint32)
+        self._stored = 0
+        self.row_nbytes = 0             # what a row stored adds: nothing (every possible row has its entry)
+
+    def __len__(self) -> int:
+        return self._stored
+
+    def _slots(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(slots, mask of the ids in range, or None when all are)."""
+        slots = ids.view(np.int64) - self.first if ids.dtype == np.uint64 else ids.astype(np.int64) - self.first
+        if not len(slots) or (slots.min() >= 0 and slots.max() < self.count):
+            return slots, None
+        inside = (slots >= 0) & (slots < self.count) & (ids < np.uint64(1 << 63))
+        return slots, inside
+
+    def lookup(self, row_ids: np.ndarray) -> np.ndarray:
+        """Index slot of each id, -1 where it is not stored (or out of range)."""
+        slots, inside = self._slots(row_ids)
+        if inside is None:
+            return np.where(self._locs[slots, 0] != self.EMPTY, slots, -1)
+        out = np.full(len(slots), -1, np.int64)
+        at = slots[inside]
+        out[inside] = np.where(self._locs[at, 0] != self.EMPTY, at, -1)
+        return out
+
+    def place(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, stored already) for ids (unique, all in range: else ValueError, nothing changed); the slots of
+        those not stored count as stored from now on (the caller sets their locations)."""
+        slots = self.check(row_ids)
+        old = self._locs[slots, 0] != self.EMPTY
+        self._stored += int(len(slots) - old.sum())
+        return slots, old
+
+    def check(self, row_ids: np.ndarray) -> np.ndarray:
+        """The slots of ids that must all be in range (else ValueError)."""
+        slots, inside = self._slots(row_ids)
+        if inside is not None:
+            bad = row_ids[~inside][0]
+            raise ValueError(f"row {int(bad)} is outside this store's rows [{self.first}, {self.first + self.count})")
+        return slots
+
+    def remove_slots(self, slots: np.ndarray) -> None:
+        self._locs[slots, 0] = self.EMPTY
+        self._stored -= len(slots)
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self._locs]
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending, their locations) of the rows stored."""
+        slots = np.flatnonzero(self._locs[:, 0] != self.EMPTY)
+        return slots.astype(np.uint64) + np.uint64(self.first), self._locs[slots, 0]
+
+    def row_ids(self) -> np.ndarray:
+        return self.items()[0]
+
+    def nbytes(self) -> int:
+        return self._locs.nbytes
+
+
 class SegmentStore:
     """Row id -> one payload record (``payload_dtype``), on disk. Not thread-safe."""
 
     def __init__(self, path, payload_dtype: np.dtype, segment_rows: int = DEFAULT_SEGMENT_ROWS,
-                 compact_ratio: float = DEFAULT_COMPACT_RATIO, _create: bool = True) -> None:
+                 compact_ratio: float = DEFAULT_COMPACT_RATIO, rows: tuple[int, int] | None = None,
+                 _create: bool = True) -> None:
+        """With ``rows`` = (first, count), every row id stored is in [first, first + count): the index is a
+        :class:`DenseIndex` (4 bytes a possible row), else a hash index (17-22 bytes a stored row)."""
         self.path = Path(path)
         self.payload_dtype = np.dtype(payload_dtype)
         if self.payload_dtype.names is None:
@@ -149,7 +226,7 @@ class SegmentStore:
         self.segment_rows = int(segment_rows)
         self.compact_ratio = float(compact_ratio)
         self._shift = self.segment_rows.bit_length() - 1
-        self.max_slots = 1 << (MAX_SLOTS_BITS - self._shift)
+        self.max_slots = (1 << (MAX_SLOTS_BITS - self._shift)) - 1    # (the last location is DenseIndex.EMPTY)
         pad = -self.payload_dtype.itemsize % 4
         fields = [("id", "<u8"), ("check", "<u4"), ("payload", self.payload_dtype)]
         if pad:
@@ -160,7 +237,8 @@ class SegmentStore:
         self._mult = (np.arange(self._words, dtype=np.uint64) * np.uint64(2) + np.uint64(0x2545F491)) \
             & np.uint64(0xFFFFFFFF)
         self._mult[2] = 0                                   # the check word itself (after the 8-byte id)
-        self._index = RowTable(1, np.uint32, max_load=INDEX_LOAD, lean_rehash=True)
+        self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
+        self._index: RowTable | DenseIndex = self._new_index()
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
@@ -194,8 +272,9 @@ class SegmentStore:
             layout = json.loads((path / "store.json").read_text())
             if layout.get("format") != FORMAT:
                 raise SegmentError(f"{path / 'store.json'}: not a {FORMAT} store (format {layout.get('format')!r})")
+            rows = layout.get("rows")
             store = cls(path, _dtype_from_json(layout["payload"]), int(layout["segment_rows"]), compact_ratio,
-                        _create=False)
+                        rows=None if rows is None else (int(rows[0]), int(rows[1])), _create=False)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if isinstance(exc, SegmentError):
                 raise
@@ -209,6 +288,8 @@ class SegmentStore:
     def _write_layout(self) -> None:
         layout = {"format": FORMAT, "payload": _dtype_json(self.payload_dtype), "segment_rows": self.segment_rows,
                   "record_bytes": self.record_bytes}
+        if self.rows is not None:
+            layout["rows"] = list(self.rows)
         self._atomic(self.path / "store.json", json.dumps(layout).encode())
 
     def _load_index(self, verify: bool) -> None:
@@ -241,8 +322,12 @@ class SegmentStore:
             self._live += np.bincount(slots, minlength=len(self._live))
             if len(np.unique(ids)) != len(ids):
                 raise SegmentError(f"{where}: the index lists a row twice")
-            self._index = RowTable(1, np.uint32, initial_capacity=len(ids), max_load=INDEX_LOAD, lean_rehash=True)
-            self._index.ensure(ids, lambda new: locs.reshape(-1, 1))
+            try:
+                self._index = self._new_index(len(ids))
+                index, _ = self._index_place(ids)
+            except ValueError as exc:
+                raise SegmentError(f"{where}: {exc}") from None
+            self._index.arrays()[0][index, 0] = locs
         if verify:
             self.verify()
 
@@ -482,8 +567,7 @@ class SegmentStore:
                 finally:
                     os.close(fd)
             self._dirty.clear()
-            n = len(self._index)   # views of the index's own arrays, by slot: written as they are, never copied
-            ids, locs = self._index.row_ids_view(), self._index.arrays()[0][:n, 0]
+            ids, locs = self._index_items()
             meta = {"next_number": self._next_number, "active": self._active,
                     "segments": [[slot, self._names[slot], self._fill[slot]] for slot in sorted(self._names)]}
             target = self.path if into is None else Path(into)
@@ -503,10 +587,9 @@ class SegmentStore:
 
     def verify(self) -> None:
         """Check every committed record of every segment (SegmentError naming the first damaged one)."""
-        ids = self._index.row_ids()
+        ids, locs = self._index_items()
         if not len(ids):
             return
-        locs = self._index.arrays()[0][:len(ids), 0]
         slots = (locs >> np.uint32(self._shift)).astype(np.int64)
         for slot in np.unique(slots):
             mine = np.flatnonzero(slots == slot)
@@ -536,6 +619,8 @@ class SegmentStore:
         ``INDEX_RESERVE`` of its next rehash, the buckets that rehash adds: a memory budget counting this makes
         room for the larger table before it is built (the old one goes first: lean_rehash), so the rehash of a
         large index never takes the process past its accounted bytes."""
+        if isinstance(self._index, DenseIndex):
+            return self._index.nbytes()
         n, buckets = len(self._index), self._index.buckets
         extra = buckets * self._index._index._table.itemsize if n >= INDEX_RESERVE * INDEX_LOAD * buckets else 0
         return self._index.nbytes() + extra
@@ -557,6 +642,29 @@ class SegmentStore:
 
     def _locations(self, index: np.ndarray) -> np.ndarray:
         return self._index.arrays()[0][index, 0]
+
+    def _new_index(self, capacity: int = 0) -> RowTable | DenseIndex:
+        if self.rows is not None:
+            return DenseIndex(*self.rows)
+        if capacity:
+            return RowTable(1, np.uint32, initial_capacity=capacity, max_load=INDEX_LOAD, lean_rehash=True)
+        return RowTable(1, np.uint32, max_load=INDEX_LOAD, lean_rehash=True)
+
+    def _index_place(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Index slots for ``ids`` (unique), made where missing (their locations for the caller to set), and a mask
+        of those that were there already (one probe)."""
+        if isinstance(self._index, DenseIndex):
+            return self._index.place(ids)
+        before = len(self._index)      # the rows it had are those at older slots
+        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
+        return index, index < before
+
+    def _index_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, locations) of every row stored (views of the hash index's own arrays, by slot: never copied)."""
+        if isinstance(self._index, DenseIndex):
+            return self._index.items()
+        n = len(self._index)
+        return self._index.row_ids_view(), self._index.arrays()[0][:n, 0]
 
     def _fd(self, slot: int) -> int:
         fd = self._fds.get(slot)
@@ -736,6 +844,8 @@ class SegmentStore:
         is indexed unless every record was written, or with ``later`` (the records handed over: put_records), its
         segment space reserved and its write handed to the writer thread."""
         ids = records["id"]
+        if isinstance(self._index, DenseIndex):
+            self._index.check(ids)          # before anything is written
         locs = np.empty(len(records), np.uint32)
         placed = 0
         created: list[int] = []
@@ -761,9 +871,7 @@ class SegmentStore:
             if not isinstance(exc, DiskError):
                 raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
             raise
-        before = len(self._index)      # one probe of the index: the rows it had are those at older slots
-        index = self._index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
-        old = index < before
+        index, old = self._index_place(ids)
         if old.any():
             self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
                                       minlength=len(self._live))

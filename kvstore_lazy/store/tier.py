@@ -25,6 +25,7 @@ MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
 TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
                                 # and sequential, yet a transient of a few MB above the budget)
+DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
 
@@ -71,6 +72,14 @@ def _fatal(method):
 
 
 KVSTORE_LAZY_DISK_DIR = "KVSTORE_LAZY_DISK_DIR"
+
+
+def dense_rows(first: int, count: int, budget: int) -> tuple[int, int] | None:
+    """The row range a key's disk tier indexes densely (segments.DenseIndex: 4 bytes a *possible* row, counted in
+    the memory budget from the start; a probe one array read), or None (the hash index: 17-22 bytes a row on disk).
+    Dense when its index takes at most ``1 / DENSE_SHARE`` of the budget: it then also takes less than the hash
+    index would once a fifth of the key's rows are on disk, which a key too large for memory soon has."""
+    return (first, count) if 4 * count * DENSE_SHARE <= budget else None
 
 
 def record_dtype(row_size: int, dtype, num_states: int, columns: dict) -> np.dtype:
@@ -158,14 +167,17 @@ class DiskTier:
 
     @_fatal
     def __init__(self, path, table: RowTable, segment_rows: int = DEFAULT_SEGMENT_ROWS,
-                 store: SegmentStore | None = None, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> None:
+                 store: SegmentStore | None = None, compact_ratio: float = DEFAULT_COMPACT_RATIO,
+                 rows: tuple[int, int] | None = None) -> None:
+        """A new, empty tier in ``path`` (or ``store``'s); ``rows`` (first, count): the range of the table's row ids
+        when the store should index them densely (:func:`dense_rows`)."""
         _fix_mmap_threshold()
         self.path = Path(path)
         self.layout = (table.row_size, table.dtype, table.num_states, dict(table.column_dtypes))
         self.record = record_dtype(*self.layout)
         if store is None:
             clear_dir(self.path)
-            store = SegmentStore(self.path, self.record, segment_rows, compact_ratio)
+            store = SegmentStore(self.path, self.record, segment_rows, compact_ratio, rows=rows)
         elif store.payload_dtype != self.record:
             raise SegmentError(f"disk tier {self.path}: its records are {store.payload_dtype}, the table's rows "
                                f"{self.record}")
