@@ -76,6 +76,9 @@ ADMIT_SALT = 0x61646D6974       # "admit": the admission coin's stream is not th
 EVICT_KINDS = ("lru", "lfu")
 DEFAULT_ADMIT_CAP = 1 << 20
 DEFAULT_LOW_WATERMARK = 0.9
+DISK_LOW_WATERMARK = 0.98       # the default with a disk tier: a pass moves rows (nothing is lost), so it moves few
+                                # at a time (2% of the budget), often: each round end's pass (after its replies)
+                                # stays short, and memory stays full
 CAP_LOW = 0.9                   # pending ids over the cap are forgotten down to this share of it
 TTL_SWEEPS = 8                  # sweeps per TTL: a row lives at most ttl + ttl / TTL_SWEEPS unpushed
 MAX_ROUNDS = (1 << 31) - 1
@@ -169,7 +172,7 @@ class Settings:
     defaults: Policy = Policy()
     memory_budget: int = 0              # bytes; 0: none
     evict: str = "lru"
-    low_watermark: float = DEFAULT_LOW_WATERMARK
+    low_watermark: float | None = None  # None: DISK_LOW_WATERMARK with a disk tier, else DEFAULT_LOW_WATERMARK
     admit_cap: int = DEFAULT_ADMIT_CAP
     track_changes: bool = False
     disk_dir: str = ""                  # KVSTORE_LAZY_DISK_DIR: rows the budget pushes out go there (the disk tier)
@@ -179,6 +182,8 @@ class Settings:
                                         # pushed in its key's last W rounds (else it is updated where it is); 0: always
 
     def __post_init__(self) -> None:
+        if self.low_watermark is None:
+            object.__setattr__(self, "low_watermark", DISK_LOW_WATERMARK if self.disk_dir else DEFAULT_LOW_WATERMARK)
         if self.evict not in EVICT_KINDS:
             raise ValueError(f"evict must be one of {', '.join(EVICT_KINDS)}, got {self.evict!r}")
         _real("low_watermark", self.low_watermark, 0.0, 1.0, lo_open=True)
@@ -528,7 +533,7 @@ class Lifecycle:
         total = self.accounted(keys)
         if total <= budget:
             return 0
-        excess = total - int(budget * self.settings.low_watermark)
+        excess = total - int(budget * float(self.settings.low_watermark or DEFAULT_LOW_WATERMARK))
         entries = [e for _, e in sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))]
         if not entries:
             return self._cannot(total)

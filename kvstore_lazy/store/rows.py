@@ -368,6 +368,18 @@ class RowTable:
                 self._changed.array[lo:len(self)] = 1
         return slots
 
+    def insert_absent(self, row_ids) -> np.ndarray:
+        """Add ``row_ids`` (unique and absent: the caller knows it, e.g. it looked them up just now) with every
+        value zero (freed slots are cleared), for the caller to fill in place; returns their slots (``len ..``).
+        :meth:`ensure` without its lookup and its copy of the new values."""
+        ids = as_row_ids(row_ids)
+        lo = len(self)
+        self._reserve(lo + len(ids))
+        slots = self._index.insert(ids)
+        if self._changed is not None:
+            self._changed.array[lo:len(self)] = 1
+        return slots
+
     def insert_rows(self, rows: dict) -> np.ndarray:
         """Add rows given whole (``{"row_ids", "weights", "states", "columns"}`` as :meth:`export` gives them; ids
         unique and absent), e.g. rows coming back from a disk tier; returns their slots (new: ``len .. len + n``)."""

@@ -23,8 +23,10 @@ from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, S
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
 TRIM_THRESHOLD = 16 << 20
-DEMOTE_CHUNK = 1 << 14          # rows written to disk per step of a demotion (one pwrite of ~4 MB at D=32: large
-                                # and sequential, yet a transient of a few MB above the budget)
+DEMOTE_CHUNK = 1 << 13          # rows written to disk per step of a demotion (one pwrite of ~2 MB at D=32: large
+                                # and sequential, yet a transient of a few MB above the budget, and below glibc's
+                                # mmap threshold: a chunk's buffer is heap memory used again, not fresh pages the
+                                # kernel faults in and zeroes every time)
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
@@ -329,10 +331,8 @@ class DiskTier:
     def _place(table: RowTable, cold: np.ndarray, come: np.ndarray) -> np.ndarray:
         """Slots in ``table`` for the rows ``cold[come]`` (absent from it), zero until their records are scattered
         there, made in the order of ``cold`` (as RowTable.insert_rows would place them); -1 elsewhere."""
-        moved = cold[come]
-        zeros = np.broadcast_to(np.zeros((1, table.row_size), table.dtype), (len(moved), table.row_size))
         slot_of = np.full(len(cold), -1, np.int64)
-        slot_of[come] = table.ensure(moved, lambda new: zeros)
+        slot_of[come] = table.insert_absent(cold[come])
         return slot_of
 
     @_fatal
