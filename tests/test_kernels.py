@@ -187,3 +187,17 @@ def test_box_muller_is_those_functions_in_the_documented_order():
 def test_box_muller_log_and_sincos_refuse_arguments_outside_their_domain(call):
     with pytest.raises(ValueError, match="takes"):
         call()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-2**31, 2**31 - 2**16), st.lists(st.integers(0, 2**16 - 1), max_size=300))
+def test_count_values_is_a_histogram_and_refuses_values_out_of_range(base, offsets):
+    values = (np.array(offsets, np.int64) + base).astype(np.int32)
+    if len(values):
+        low, high = int(values.min()), int(values.max())
+        counts = kernels.count_values(values, low, high)
+        assert counts.tolist() == np.bincount(values.astype(np.int64) - low, minlength=high - low + 1).tolist()
+        with pytest.raises(ValueError, match="outside"):
+            kernels.count_values(values, low + 1, max(high, low + 1))
+    else:
+        assert kernels.count_values(values, 0, 3).tolist() == [0, 0, 0, 0]

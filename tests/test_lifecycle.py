@@ -15,7 +15,7 @@ from fakepeer import WORKER0, WORKER1, Requests
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
 from kvstore_lazy.server.declaration import LazySpec
-from kvstore_lazy.server.lifecycle import Policy, Settings, admission_coin, parse_bytes
+from kvstore_lazy.server.lifecycle import Policy, Settings, admission_coin, kth_smallest, parse_bytes
 from kvstore_lazy.worker import lazy_spec_body
 from test_server import Peer, initial, optimizer_body
 
@@ -296,3 +296,14 @@ def test_server_environment_errors_stop_the_start():
     cfg = Config.from_env(dict(base, KVSTORE_LAZY_MEMORY_BUDGET="1GiB", KVSTORE_LAZY_SNAPSHOT_DIR="/s"))
     assert cfg.lifecycle.memory_budget == 1 << 30 and cfg.lifecycle.track_changes
     assert not Config.from_env(base).lifecycle.track_changes
+
+
+@pytest.mark.parametrize("dtype,span", [(np.int32, 300), (np.int32, 2**31 - 1), (np.int64, 2**40)])
+def test_the_budget_finds_the_kth_smallest_score_as_a_sort_does(dtype, span):
+    """A budget pass's threshold: a histogram for narrow int32 scores (LRU's rounds), a partition otherwise."""
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 17, 5000):
+        values = (rng.integers(0, span, n) - span // 2).astype(dtype)
+        for k in (0, n // 3, n - 1):
+            got = kth_smallest(values.copy(), k)
+            assert got == np.sort(values)[k] and type(got) is dtype

@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..initializers import GAMMA, row_states
+from ..store import kernels
 from ..store.rows import RowTable
 
 log = logging.getLogger("kvstore_lazy.server")
@@ -452,6 +453,18 @@ class RowPolicy:
         return policy
 
 
+def kth_smallest(values: np.ndarray, k: int):
+    """The ``k``-th smallest (0-based) of integer ``values`` (a fresh array: it may be reordered). Scores of a
+    narrow range (LRU's rounds: one value per round, so a range about the rounds the rows span) through a histogram,
+    ~4x faster than a partition over millions of rows; any other through the partition."""
+    low, high = int(values.min()), int(values.max())
+    if values.dtype == np.int32 and high - low <= max(len(values), 1 << 16):
+        counts = kernels.count_values(values, low, high)
+        return values.dtype.type(low + int(np.searchsorted(np.cumsum(counts), k + 1)))
+    values.partition(k)
+    return values[k]
+
+
 class Lifecycle:
     """The server-wide part: settings, the clock for ``ttl_seconds``, and the memory budget across keys."""
 
@@ -542,8 +555,7 @@ class Lifecycle:
         # by partitioning fresh scores in place; they are computed again after, cheaper than holding a copy)
         want = min(sum(len(e) for e in entries), -(-excess // int(sizes.min())))
         every = np.concatenate([entry.scores() for entry in entries]) if len(entries) > 1 else entries[0].scores()
-        every.partition(want - 1)
-        threshold = every[want - 1]
+        threshold = kth_smallest(every, want - 1)
         del every
         scores = [entry.scores() for entry in entries]
         # the rows below it, then ties by (key, row id), then all of them in (score, key, row id) order

@@ -590,3 +590,9 @@ void scatter_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t 
 void move_rows(char *base, int64_t row_bytes, const int64_t *dst, const int64_t *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) memcpy(base + dst[i] * row_bytes, base + src[i] * row_bytes, (size_t)row_bytes);
 }
+
+/* counts[v - low] += 1 for each of the n values (all within [low, low + span)): the histogram of a budget pass's
+ * eviction scores (LRU's rounds), in one pass and no temporary. */
+void count_values_i32(const int32_t *values, int64_t n, int32_t low, int64_t *counts) {
+    for (int64_t i = 0; i < n; i++) counts[(int64_t)values[i] - low]++;
+}
