@@ -4,8 +4,11 @@ columns) into a :class:`~kvstore_lazy.store.segments.SegmentStore`, and moved ba
 A row is in exactly one tier at a time: :meth:`DiskTier.demote` writes the rows at some slots to disk and then
 removes them from the table; :meth:`DiskTier.promote` takes the rows of a batch that are on disk (one batched read)
 and inserts them into the table as they were. Both are a handful of whole-array operations per batch; nothing loops
-over rows in Python. The record of a row is the structured dtype :func:`record_dtype` of the table's layout, so a
-row that went to disk and back is bit for bit the row that left.
+over rows in Python. Two threads help, neither of them deciding anything: the store's pool reads a promotion's
+records while this thread places the rows in the table and drops them from the disk index, and the store's writer
+thread writes a demotion's records while this thread goes on (SegmentStore.begin_take, put_records with handoff);
+what moves where is decided here, in request order, as before. The record of a row is the structured dtype
+:func:`record_dtype` of the table's layout, so a row that went to disk and back is bit for bit the row that left.
 """
 from __future__ import annotations
 
