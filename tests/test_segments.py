@@ -425,3 +425,52 @@ def test_rewrite_writes_each_record_at_its_own_location_and_copies_on_write_afte
         store.rewrite(store.new_records(np.array([1], np.uint64)))
     with pytest.raises(ValueError, match="records of dtype"):
         store.rewrite(np.zeros(2, np.uint64))
+
+
+def test_handed_over_records_are_read_after_their_write_and_a_failed_write_is_a_disk_error(tmp_path, monkeypatch):
+    """put_records(handoff=True): the writer thread writes while the caller goes on; a read of those records waits
+    for their write (held back here until after the read started), and a write that fails is a DiskError naming
+    the directory at the next call that waits for it, never records read as garbage."""
+    import errno
+    import threading
+
+    from kvstore_lazy.store import segments
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64)
+    ids = np.arange(100, 150, dtype=np.uint64)
+    release = threading.Event()
+    real = segments._pwrite_file
+
+    def held(file, records, offset):
+        assert release.wait(30), "the test never released the write"
+        real(file, records, offset)
+
+    monkeypatch.setattr(segments, "_pwrite_file", held)
+    records = store.new_records(ids)
+    records["payload"] = payload(ids)
+    store.put_records(records, handoff=True)
+    del records
+    assert len(store) == 50 and store._writes, "indexed at once, written later"
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    try:
+        assert store.get(ids).tobytes() == payload(ids).tobytes()      # waited for the write
+    finally:
+        timer.cancel()
+        release.set()
+    assert not store._writes
+    store.commit()
+
+    def failing(file, records, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segments, "_pwrite_file", failing)
+    more = ids + np.uint64(1000)
+    records = store.new_records(more)
+    records["payload"] = payload(more)
+    store.put_records(records, handoff=True)
+    with pytest.raises(segments.DiskError, match=rf"disk tier {tmp_path / 's'}: write failed: Input/output error"):
+        store.get(more)
+    with pytest.raises(segments.DiskError, match="write failed"):      # and at every later call that waits
+        store.commit()
+    store.close()
+    assert SegmentStore.open(tmp_path / "s").get(ids).tobytes() == payload(ids).tobytes()   # the last commit's

@@ -255,6 +255,7 @@ class SegmentStore:
         self._fds: dict[int, int] = {}                      # segment slot -> read-only file descriptor
         self._fd_at = np.zeros(0, np.int32)                 # the same by slot, -1 where none is open (_fds_of)
         self._writes: list[tuple] = []                      # (slot, first, end, future): writes under way
+        self._write_error: DiskError | None = None          # the first of them that failed (_settle)
         self._wfds: dict[int, int] = {}                     # segment slot -> one for writes in place (rewrite)
         self._active: int | None = None
         self._next_number = 1
@@ -900,8 +901,11 @@ class SegmentStore:
 
     def _settle(self, slots: np.ndarray | None = None, offsets: np.ndarray | None = None) -> None:
         """Wait for the writes under way (put_records with handoff) that hold a record at one of the (slot, offset)
-        pairs given, or for all of them; raise the first failed one's error as a DiskError. Everything that reads
-        or changes the files written calls this first: reads wait for their own records only, the rest for all."""
+        pairs given, or for all of them. Everything that reads or changes the files written calls this first:
+        reads wait for their own records only, the rest for all. A failed write is a DiskError, here and at every
+        later call (the store is not what its index says any more: the disk tier stops the server on it)."""
+        if self._write_error is not None:
+            raise self._write_error
         waiting = []
         for write in self._writes:
             slot, first, end, future = write
@@ -910,9 +914,9 @@ class SegmentStore:
                 try:
                     future.result()
                 except OSError as exc:
-                    self._writes = [w for w in self._writes if w is not write]
-                    raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") \
-                        from exc
+                    self._write_error = DiskError(exc.errno, f"disk tier {self.path}: write failed: "
+                                                             f"{exc.strerror or exc}")
+                    raise self._write_error from exc
             else:
                 waiting.append(write)
         self._writes = waiting
