@@ -40,8 +40,9 @@ scenario's 5 (~40 s on 2026-12-01); the default (full) preset ~6 minutes on the 
 2026-11-30) plus the step scenario's 8 and the lifecycle scenario's 5 (about 5 minutes: its unbounded run stores
 10.3M rows, ~620 MiB per server), and up to ~8 GiB of RAM for one server (scale: 10M rows of D=64 Adam) plus ~5 GiB
 for a stock worker building a (1e7, 64) weight. --report-only rebuilds the tables, JSON and plots from the job
-records a run left in --out. The tiered scenario (the disk tier) takes ~30 s with --quick and ~10 minutes full (3 Zipf pairs), and
-writes ~14 GB of segments under --out in its full scale run (checked against the free space first; deleted after).
+records a run left in --out. The tiered scenario (the disk tier) takes ~30 s with --quick and ~10 minutes full (3
+Zipf pairs), and writes ~14 GB of segments under --out in its full scale run (checked against the free space first;
+deleted after).
 scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
 sockets), steady enough for an optimisation's before/after.
 """
