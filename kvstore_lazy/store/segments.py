@@ -682,7 +682,10 @@ class SegmentStore:
         if fd is None:
             file = self.path / self._names[slot]
             try:
-                fd = os.open(file, os.O_RDONLY)
+                try:    # no access-time update a read (with relatime, one after every write to the file)
+                    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+                except PermissionError:                 # O_NOATIME: only the file's owner may ask
+                    fd = os.open(file, os.O_RDONLY)
             except OSError as exc:
                 raise SegmentError(f"segment {file} cannot be read: {exc}") from None
             self._fds[slot] = fd
