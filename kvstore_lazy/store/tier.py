@@ -307,14 +307,13 @@ class DiskTier:
         rest = none
         if not (in_c.all() and in_r.all()):
             rest = join([pick(cached_records, ~in_c), pick(records, ~in_r)])
-        moved = cold[come]
-        if slot_of is None:
+        if slot_of is None:         # (admission: the rows admitted are known now)
             come[at_cached[in_c]] = True
             come[at_read[in_r]] = True
-            moved = cold[come]
-            if len(moved):
-                slot_of = self._place(table, cold, come)
-                take.drop(in_r)
+        moved = cold[come]
+        if slot_of is None and len(moved):
+            slot_of = self._place(table, cold, come)
+            take.drop(in_r)
         if len(moved):
             fields = self._fields(table)
             kernels.scatter_fields(cached_records if in_c.all() else pick(cached_records, in_c),
