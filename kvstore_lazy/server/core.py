@@ -307,8 +307,7 @@ class KVServer:
         """Run what the last round end left for after its replies (the memory budget's pass, when the runtime
         defers it: ``lifecycle.defer``, Lifecycle.run_due). Everything that handles a request or reads the state
         calls this first, so a pass always runs at the same point of the request stream."""
-        if self.lifecycle.due:
-            self.lifecycle.run_due()
+        self.lifecycle.run_due()
 
     # ------------------------------------------------------------------------------------------------------------
     # what the runtime and tools read: stats, quiescence, snapshots

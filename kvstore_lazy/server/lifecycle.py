@@ -546,7 +546,9 @@ class Lifecycle:
         total = self.accounted(keys)
         if total <= budget:
             return 0
-        excess = total - int(budget * float(self.settings.low_watermark or DEFAULT_LOW_WATERMARK))
+        low = self.settings.low_watermark
+        assert low is not None, "Settings.__post_init__ resolves the default"
+        excess = total - int(budget * low)
         entries = [e for _, e in sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))]
         if not entries:
             return self._cannot(total)

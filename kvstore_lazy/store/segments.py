@@ -169,7 +169,7 @@ class DenseIndex:
         slots = ids.view(np.int64) - self.first if ids.dtype == np.uint64 else ids.astype(np.int64) - self.first
         if not len(slots) or (slots.min() >= 0 and slots.max() < self.count):
             return slots, None
-        inside = (slots >= 0) & (slots < self.count) & (ids < np.uint64(1 << 63))
+        inside = (slots >= 0) & (slots < self.count)       # (ids past 2^63 are negative as int64)
         return slots, inside
 
     def lookup(self, row_ids: np.ndarray) -> np.ndarray:
@@ -379,7 +379,7 @@ class SegmentStore:
         if records.dtype != self.record_dtype or records.ndim != 1:
             raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
         if len(records):
-            self._append(np.ascontiguousarray(records), later=handoff and records.flags.c_contiguous)
+            self._append(np.ascontiguousarray(records), later=handoff)
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
