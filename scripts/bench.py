@@ -1259,7 +1259,7 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
     working = -(-5 * zipf_budget // TIER_ROW_BYTES // per_step) * per_step
     fill = working // per_step
     phases = ["--phases", f"{batch}:{fill}:fresh,{batch}:{c['zipf_steps']}:zipf"]
-    # repeats: pairs of jobs back to back, alternating which goes first (one job's rate moves +-15% on a shared
+    # repeats: pairs of jobs back to back, alternating which goes first (one job's rate moves +-20% on a shared
     # 2-core VM, mostly the in-memory one's); the verdict is on the median of the pairs' ratios
     repeats = int(c.get("zipf_repeats", 1))
     pairs: list[dict] = []

@@ -62,7 +62,8 @@ def test_rows_through_disk_and_back_are_bit_identical_to_no_budget(tmp_path, mon
     assert all(np.array_equal(a, b) for a, b in zip(free_pulls, tier_pulls))
     assert tables(tier) == tables(free)               # every row, weights and momentum, both tiers together
     s = key_stats(tier)
-    assert s["demoted"] > 500 and s["promoted"] > 100 and s["disk_rows"] > 500 and s["rows"] < 400
+    assert s["demoted"] > 500 and s["promoted"] > 100 and s["disk_rows"] > 500 \
+        and s["rows"] < (350 if watermark == 0.9 else 400)   # the 0.98 default keeps memory fuller
     assert s["evicted"] == 0 and s["rows"] + s["disk_rows"] == len(np.frombuffer(tables(free)["ids"], np.uint64))
     assert 0 < s["hit_rate"] < 1
     accounted = tier.server.lifecycle.accounted(tier.server.keys)
