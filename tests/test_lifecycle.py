@@ -305,5 +305,8 @@ def test_the_budget_finds_the_kth_smallest_score_as_a_sort_does(dtype, span):
     for n in (1, 2, 17, 5000):
         values = (rng.integers(0, span, n) - span // 2).astype(dtype)
         for k in (0, n // 3, n - 1):
-            got = kth_smallest(values.copy(), k)
-            assert got == np.sort(values)[k] and type(got) is dtype
+            for parts in ([values], np.array_split(values, 3)):
+                kept = [p.copy() for p in parts]
+                got = kth_smallest(parts, k)
+                assert got == np.sort(values)[k] and type(got) is dtype
+                assert all(np.array_equal(p, q) for p, q in zip(parts, kept))     # left as they were

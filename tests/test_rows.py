@@ -448,6 +448,23 @@ def test_table_memory_follows_rows_stored_not_capacity():
     assert raw * 0.9 < grown < raw * 1.25 + 8 * 2**20, (grown, raw)
 
 
+def test_arena_clear_keeps_a_small_tail_zeroed_and_gives_a_large_one_back():
+    """A freed tail of at most 1/KEEP_SHARE of the rows before it stays in memory, zeroed (the table grows into it
+    again: no page faults); a larger one goes back to the kernel. Either way the rows read as zero."""
+    n = 1 << 16                                            # 8 MiB of 128-byte rows
+    arena = rows.Arena((32,), np.float32, n)
+    arena.array[:] = 3.0
+    before = _rss_bytes()
+    small = n // rows.KEEP_SHARE // 2
+    arena.clear(n - small, n)
+    assert _rss_bytes() > before - 2**18                   # kept: 0.25 MiB would have gone back
+    assert not arena.array[n - small:].any() and (arena.array[:n - small] == 3.0).all()
+    before = _rss_bytes()
+    arena.clear(n // 4, n)
+    assert _rss_bytes() < before - 5 * 2**20               # 6 MiB returned
+    assert not arena.array[n // 4:].any() and (arena.array[:n // 4] == 3.0).all()
+
+
 def test_remove_refuses_bad_slots_and_changes_nothing():
     table = RowTable(ROW, np.float32, 1)
     table.ensure([1, 2, 3], lambda ids: np.ones((3, ROW)))

@@ -65,6 +65,7 @@ static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id
     void index_place_##SUFFIX(T *table, int64_t mask, const uint64_t *ids, int64_t n, int64_t first_slot,      \
                               unsigned shift) {                                                                \
         for (int64_t i = 0; i < n; i++) {                                                                      \
+            if (i + PREFETCH < n) __builtin_prefetch(table + home(ids[i + PREFETCH], shift), 1);               \
             int64_t pos = home(ids[i], shift);                                                                 \
             while (table[pos] >= 0) pos = (pos + 1) & mask;                                                    \
             table[pos] = (T)(first_slot + i);                                                                  \
@@ -89,6 +90,8 @@ INDEX_KERNELS(int64_t, i64)
     void index_remove_##SUFFIX(T *table, int64_t mask, uint64_t *keys, const int64_t *del, int64_t k,         \
                                const int64_t *holes, const int64_t *movers, int64_t m, unsigned shift) {       \
         for (int64_t i = 0; i < k; i++) {                                                                      \
+            if (i + 2 * PREFETCH < k) __builtin_prefetch(keys + del[i + 2 * PREFETCH], 0);                      \
+            if (i + PREFETCH < k) __builtin_prefetch(table + home(keys[del[i + PREFETCH]], shift), 1);          \
             int64_t hole = bucket_of_##SUFFIX(table, mask, keys, del[i], shift), j = hole;                     \
             for (;;) {                                                                                         \
                 j = (j + 1) & mask;                                                                            \
@@ -102,6 +105,10 @@ INDEX_KERNELS(int64_t, i64)
             table[hole] = -1;                                                                                  \
         }                                                                                                      \
         for (int64_t i = 0; i < m; i++) {                                                                      \
+            if (i + PREFETCH < m) {                                                                            \
+                __builtin_prefetch(table + home(keys[movers[i + PREFETCH]], shift), 1);                        \
+                __builtin_prefetch(keys + holes[i + PREFETCH], 1);                                             \
+            }                                                                                                  \
             table[bucket_of_##SUFFIX(table, mask, keys, movers[i], shift)] = (T)holes[i];                      \
             keys[holes[i]] = keys[movers[i]];                                                                  \
         }                                                                                                      \
@@ -564,10 +571,23 @@ void record_seal(uint32_t *words, int64_t n, int64_t nwords, const uint64_t *mul
  * arrays[f] + s * bytes[f]. kernels.py checks every slot against every array's length and every field against the
  * record's size first. */
 
+/* Every cache line of the row at `slot` of each of the nf arrays (rows of a few cache lines: a record's fields). */
+static inline void prefetch_fields(int64_t slot, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
+                                   int write) {
+    for (int64_t f = 0; f < nf; f++) {
+        const char *row = (const char *)(uintptr_t)arrays[f] + slot * bytes[f];
+        for (int64_t b = 0; b < bytes[f]; b += 64) {
+            if (write) __builtin_prefetch(row + b, 1);
+            else __builtin_prefetch(row + b, 0);
+        }
+    }
+}
+
 /* Record i = the fields of the rows at slots[i], everything else in it (check word, padding) zero. */
 void gather_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
                    const int64_t *off, char *records, int64_t stride) {
     for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n) prefetch_fields(slots[i + PREFETCH], nf, arrays, bytes, 0);
         char *rec = records + i * stride;
         memset(rec, 0, (size_t)stride);
         for (int64_t f = 0; f < nf; f++)
@@ -579,6 +599,7 @@ void gather_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *
 void scatter_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t *arrays, const int64_t *bytes,
                     const int64_t *off, const char *records, int64_t stride) {
     for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n) prefetch_fields(slots[i + PREFETCH], nf, arrays, bytes, 1);
         const char *rec = records + i * stride;
         for (int64_t f = 0; f < nf; f++)
             memcpy((char *)(uintptr_t)arrays[f] + slots[i] * bytes[f], rec + off[f], (size_t)bytes[f]);
@@ -588,11 +609,27 @@ void scatter_fields(const int64_t *slots, int64_t n, int64_t nf, const uint64_t 
 /* Row dst[i] of an array of rows of `row_bytes` = row src[i] (a table's removal refilling its holes; no row is both
  * a source and a destination). */
 void move_rows(char *base, int64_t row_bytes, const int64_t *dst, const int64_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) memcpy(base + dst[i] * row_bytes, base + src[i] * row_bytes, (size_t)row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n) {
+            for (int64_t b = 0; b < row_bytes; b += 64) {
+                __builtin_prefetch(base + src[i + PREFETCH] * row_bytes + b, 0);
+                __builtin_prefetch(base + dst[i + PREFETCH] * row_bytes + b, 1);
+            }
+        }
+        memcpy(base + dst[i] * row_bytes, base + src[i] * row_bytes, (size_t)row_bytes);
+    }
 }
 
-/* counts[v - low] += 1 for each of the n values (all within [low, low + span)): the histogram of a budget pass's
- * eviction scores (LRU's rounds), in one pass and no temporary. */
-void count_values_i32(const int32_t *values, int64_t n, int32_t low, int64_t *counts) {
-    for (int64_t i = 0; i < n; i++) counts[(int64_t)values[i] - low]++;
+/* counts[v - low] += 1 for each of the n values: the histogram of a budget pass's eviction scores (LRU's rounds), in
+ * one pass and no temporary. Four partial histograms (counts has 4 * span entries, summed by the caller), so that
+ * runs of equal values (rows touched in the same round) do not wait on one counter's last increment. Returns the
+ * number of values outside [low, low + span) (counted nowhere). */
+int64_t count_values_i32(const int32_t *values, int64_t n, int32_t low, int64_t span, int64_t *counts) {
+    int64_t outside = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t at = (uint64_t)((int64_t)values[i] - low);
+        if (at >= (uint64_t)span) { outside++; continue; }
+        counts[(i & 3) * span + (int64_t)at]++;
+    }
+    return outside;
 }

@@ -49,10 +49,10 @@ _SIGNATURES = {
     "gather_fields": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
     "scatter_fields": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
     "move_rows": [_ptr, _i64, _ptr, _ptr, _i64],
-    "count_values_i32": [_ptr, _i64, ctypes.c_int32, _ptr],
+    "count_values_i32": [_ptr, _i64, ctypes.c_int32, _i64, _ptr],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
+_RESTYPES = {"merge_rows_f32": _i64, "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64}
 
 
@@ -345,12 +345,11 @@ def scatter_fields(records: np.ndarray, slots, fields: list) -> None:
 def count_values(values: np.ndarray, low: int, high: int) -> np.ndarray:
     """How many of the int32 ``values`` (all within [low, high]) equal each of low .. high (int64 counts)."""
     values = np.ascontiguousarray(values, np.int32)
-    counts = np.zeros(high - low + 1, np.int64)
-    if len(values):
-        if int(values.min()) < low or int(values.max()) > high:
-            raise ValueError(f"count_values: values outside [{low}, {high}]")
-        _lib.count_values_i32(_addr(values), len(values), int(low), _addr(counts))
-    return counts
+    span = high - low + 1
+    counts = np.zeros((4, span), np.int64)
+    if len(values) and _lib.count_values_i32(_addr(values), len(values), int(low), span, _addr(counts)):
+        raise ValueError(f"count_values: values outside [{low}, {high}]")
+    return counts.sum(axis=0)
 
 
 def move_rows(array: np.ndarray, dst, src) -> None:

@@ -67,6 +67,9 @@ def _grown_capacity(capacity: int, needed: int) -> int:
     return max(needed, int(capacity * ARENA_GROWTH) + 1)
 
 
+KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
+
+
 class Arena:
     """A growable array of ``capacity`` rows of ``row_shape`` in an anonymous memory mapping; rows start zero.
 
@@ -118,9 +121,18 @@ class Arena:
         self._bind()
 
     def clear(self, lo: int, hi: int) -> None:
-        """Zero rows ``[lo, hi)``; the whole pages among them go back to the kernel (they read as zero again)."""
+        """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages among them go back to the
+        kernel (they read as zero again), unless they are a small tail (at most KEEP_SHARE of the rows before them):
+        those are written with zeros and kept, since the table soon grows into them again (a budget pass removes a
+        few percent of the rows that the next rounds' new rows take back). Returned, every one of them would be a
+        page fault and a page the kernel zeroes on the next touch (the same zeros, plus the fault), and each return
+        a flush of the pages' translations on every core the server's threads run on. Kept, the memory stays that
+        of the table's largest size (under a budget: at most the budget)."""
         start, end = lo * self.row_bytes, min(hi, self.capacity) * self.row_bytes
         if end <= start:
+            return
+        if end - start <= start // KEEP_SHARE:
+            self._rows[lo:min(hi, self.capacity)].view(np.uint8)[:] = 0
             return
         first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
         if last <= first:
