@@ -217,6 +217,29 @@ def test_a_damaged_segment_is_refused_naming_it(tmp_path):
         SegmentStore.open(tmp_path / "s")
 
 
+def test_a_damaged_record_in_a_batch_read_on_the_pools_threads_is_refused_naming_it(tmp_path):
+    """A read large enough for the pool's threads checks each part where it was read: damaged records (a check
+    or an id that does not match) are refused naming the lowest damaged segment and its first damaged record."""
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=1024)
+    ids = np.arange(5000, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    store.commit()
+    store.close()
+    for name, record in (("seg-000004.dat", 700), ("seg-000002.dat", 900), ("seg-000002.dat", 5)):
+        with open(tmp_path / "s" / name, "r+b") as f:
+            f.seek(record * store.record_bytes + 20)
+            byte = f.read(1)
+            f.seek(record * store.record_bytes + 20)
+            f.write(bytes([byte[0] ^ 0x10]))
+    lazy = SegmentStore.open(tmp_path / "s", verify=False)
+    assert lazy.get(ids[:1024]).tobytes() == payload(ids[:1024]).tobytes()     # seg-000001.dat: whole
+    for wanted in (ids, ids[::-1].copy(), ids[1024:]):
+        with pytest.raises(SegmentError, match=r"seg-000002\.dat is damaged: record 5 \(and 1 more"):
+            lazy.get(wanted)
+    with pytest.raises(SegmentError, match=r"seg-000004\.dat is damaged: record 700 \(and 0 more"):
+        lazy.get(ids[2048:])
+
+
 def test_bad_input_is_refused_and_changes_nothing(tmp_path):
     store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=16)
     with pytest.raises(ValueError, match="payload of dtype"):

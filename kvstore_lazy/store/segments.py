@@ -724,7 +724,7 @@ class SegmentStore:
 
     def _read(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
         """The records at ``locs`` (of ``ids``), checked (all at once: a damage names the lowest segment that has
-        one, and its first damaged record in ``ids`` order), in their order."""
+        one, and its first damaged record), in their order."""
         order, got = self._read_ordered(ids, locs)
         out = np.empty(len(got), self.record_dtype)
         put_at(out, order, got)
@@ -736,20 +736,19 @@ class SegmentStore:
         return self._start_read(ids, locs)()
 
     def _start_read(self, ids: np.ndarray, locs: np.ndarray) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-        """:meth:`_read_ordered` started (:meth:`_start_pread`); the function returned waits for it and checks it."""
-        slots = (locs >> np.uint32(self._shift)).astype(np.int64)
-        offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        """:meth:`_read_ordered` started (:meth:`_start_pread`, each part checked on its thread); the function
+        returned waits for it and refuses a damaged record."""
         order = np.argsort(locs, kind="stable")              # by segment slot, then offset
-        wait = self._start_pread(slots[order], offsets[order])
+        at = locs[order]
+        slots = (at >> np.uint32(self._shift)).astype(np.int64)
+        offsets = (at & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        wait = self._start_pread(slots, offsets, at, ids[order])
 
         def finish() -> tuple[np.ndarray, np.ndarray]:
-            got = wait()
-            sorted_bad = (self._checks(got, locs[order]) != got["check"]) | (got["id"] != ids[order])
-            if sorted_bad.any():
-                bad = np.zeros(len(ids), bool)
-                bad[order[sorted_bad]] = True
+            got, bad = wait()
+            if len(bad):
                 slot = int(slots[bad].min())
-                self._refuse(slot, offsets[bad & (slots == slot)])
+                self._refuse(slot, offsets[bad][slots[bad] == slot])
             self.counters["records_read"] += len(ids)
             return order, got
 
@@ -772,30 +771,30 @@ class SegmentStore:
             raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.record_bytes}")
         return out
 
-    def _pread(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Records at (slot, offset) pairs in file order (sorted by slot, then offset: adjacent records are one
-        read), straight into the array returned."""
-        return self._start_pread(slots, offsets)()
-
-    def _start_pread(self, slots: np.ndarray, offsets: np.ndarray) -> Callable[[], np.ndarray]:
-        """:meth:`_pread` started: a batch of at least ``READ_AHEAD`` records is read on the pool's threads (the C
-        loop releases the GIL), in ``READ_PARTS`` parts through their io_urings (one each, kept), or up to
-        ``READ_THREADS`` parts with pread; a smaller one at once. The function returned waits for the reads and
-        gives the records (a failed read: SegmentError or DiskError naming the segment). A read waits first for
-        the writes still under way that hold any of its records (:meth:`_settle`)."""
+    def _start_pread(self, slots: np.ndarray, offsets: np.ndarray, locs: np.ndarray, ids: np.ndarray) -> Callable:
+        """The records of ``ids`` at (slot, offset) pairs ``locs`` in file order (sorted by slot, then offset:
+        adjacent records are one read), straight into the array the function returned gives, with the positions
+        of those whose check or id is wrong. A batch of at least ``READ_AHEAD`` records is read and checked on the
+        pool's threads (the C loops release the GIL), in ``READ_PARTS`` parts through their io_urings (one each,
+        kept), or up to ``READ_THREADS`` parts with pread; a smaller one at once. A failed read: SegmentError or
+        DiskError naming the segment. A read waits first for the writes still under way that hold any of its
+        records (:meth:`_settle`)."""
         got = np.empty(len(slots), self.record_dtype)
         if not len(slots):
-            return lambda: got
+            return lambda: (got, np.zeros(0, np.int64))
         self._settle(slots, offsets)
         fds, where = self._fds_of(slots), offsets * self.record_bytes
         ring = READ_RING and _uring()
         parts = max(1, min(READ_PARTS if ring else READ_THREADS, len(slots) // READ_SPLIT))
-        bounds = np.linspace(0, len(slots), parts + 1).astype(np.int64)
 
-        def read(i: int) -> tuple[int, int]:
-            lo, hi = bounds[i], bounds[i + 1]
+        def read(i: int) -> tuple[int, int, np.ndarray]:
+            lo, hi = len(slots) * i // parts, len(slots) * (i + 1) // parts
             err, row = kernels.pread_records(fds[lo:hi], where[lo:hi], self.record_bytes, got[lo:hi], ring)
-            return err, (row + lo if err else -1)
+            if err:
+                return err, row + lo, np.zeros(0, np.int64)
+            part = got[lo:hi]
+            bad = (self._checks(part, locs[lo:hi]) != part["check"]) | (part["id"] != ids[lo:hi])
+            return 0, -1, np.flatnonzero(bad) + lo
 
         if len(slots) >= READ_AHEAD:
             futures = [_pool().submit(read, i) for i in range(parts)]
@@ -803,15 +802,17 @@ class SegmentStore:
         else:
             results = [read(0)]
 
-        def wait() -> np.ndarray:
-            for err, row in results if results is not None else [f.result() for f in futures]:
+        def wait() -> tuple[np.ndarray, np.ndarray]:
+            bad = []
+            for err, row, wrong in results if results is not None else [f.result() for f in futures]:
                 if err:
                     slot = int(slots[row])
                     file = self.path / self._names[slot]
                     if err < 0:
                         raise SegmentError(f"segment {file} is damaged: it ends before record {int(offsets[row])}")
                     raise DiskError(err, f"disk tier {self.path}: reading {file.name} failed: {os.strerror(err)}")
-            return got
+                bad.append(wrong)
+            return got, np.concatenate(bad)
 
         return wait
 
