@@ -632,11 +632,17 @@ class RowSparseKey:
         tier if there is one, else dropped (their next touch starts them over)."""
         if self.disk is not None:
             self.disk.demote(self._table, slots)
-            self.disk.compact()      # sealed segments past the garbage ratio (promotions leave garbage)
             return len(slots)
         self._table.remove_slots(slots)
         self.policy.counters["evicted_budget"] += len(slots)
         return len(slots)
+
+    def upkeep(self) -> None:
+        """At every eviction point, after the budget's pass: the disk tier compacts its sealed segments past the
+        garbage ratio (promotions and expiries leave garbage). Every round a little (a segment or so), not much at
+        once after each pass: a round end's work the workers then wait for stays short."""
+        if self.disk is not None:
+            self.disk.compact()
 
     def accounted_bytes(self) -> int:
         """What the memory budget counts for this key: its row table, its pending-admission table and the index of

@@ -519,11 +519,15 @@ class Lifecycle:
                     self.run_due()
 
     def run_due(self) -> int:
-        """The budget's pass an eviction point left (see :meth:`apply`), if any; the rows evicted."""
+        """The budget's pass an eviction point left (see :meth:`apply`), if any, then the keys' upkeep (a disk
+        tier's compaction); the rows evicted."""
         if not self.due:
             return 0
         self.due = False
-        return self.enforce_budget(self.keys)
+        evicted = self.enforce_budget(self.keys)
+        for entry in self._tables(self.keys):
+            entry.upkeep()
+        return evicted
 
     # -- the budget
 
