@@ -875,9 +875,7 @@ class SegmentStore:
                 part = records[placed:placed + n]
                 offsets = np.arange(start, start + n, dtype=np.uint32)
                 locs[placed:placed + n] = offsets | np.uint32(slot << self._shift)
-                kernels.record_seal(part.view(np.uint32).reshape(n, self._words), self._mult,
-                                    locs[placed:placed + n], 2)        # the check word (after the 8-byte id)
-                self._pwrite(slot, part, start, later)
+                self._pwrite(slot, part, start, locs[placed:placed + n], later)
                 self._fill[slot] = start + n
                 self._dirty.add(self._names[slot])
                 placed += n
@@ -895,13 +893,19 @@ class SegmentStore:
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
         self.counters["records_written"] += len(records)
 
-    def _pwrite(self, slot: int, records: np.ndarray, start: int, later: bool = False) -> None:
+    def _pwrite(self, slot: int, records: np.ndarray, start: int, locs: np.ndarray, later: bool = False) -> None:
+        """Seal ``records`` for their locations ``locs`` (the check word, after the 8-byte id) and write them at
+        record ``start`` of segment ``slot``; with ``later`` both on the writer thread (see _settle)."""
         file = self.path / self._names[slot]
         if not later:
-            _pwrite_file(file, records, start * self.record_bytes)
+            self._seal_and_write(file, records, start, locs)
             return
-        future = _writer().submit(_pwrite_file, file, records, start * self.record_bytes)
+        future = _writer().submit(self._seal_and_write, file, records, start, locs)
         self._writes.append((slot, start, start + len(records), future))
+
+    def _seal_and_write(self, file: Path, records: np.ndarray, start: int, locs: np.ndarray) -> None:
+        kernels.record_seal(records.view(np.uint32).reshape(len(records), self._words), self._mult, locs, 2)
+        _pwrite_file(file, records, start * self.record_bytes)
 
     def _settle(self, slots: np.ndarray | None = None, offsets: np.ndarray | None = None) -> None:
         """Wait for the writes under way (put_records with handoff) that hold a record at one of the (slot, offset)
