@@ -465,7 +465,10 @@ class RowSparseKey:
             rows = self._table.weights(self._slots_for(row_ids))
         else:
             # (with no disk tier, rows the caller found absent are not looked up again)
-            slots = None if known_absent and self.disk is None else self._table.lookup(row_ids)
+            if known_absent:        # none of them is in the table (a disk tier may have them)
+                slots = None if self.disk is None else np.full(len(row_ids), -1, np.int64)
+            else:
+                slots = self._table.lookup(row_ids)
             if slots is None or (self.disk is None and len(slots) and slots.max() < 0):   # none stored
                 return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
             if self.disk is not None:
@@ -475,8 +478,7 @@ class RowSparseKey:
                     # room under the budget even if every absent row were on disk: they come back (one probe of
                     # the disk index; the hit rate counts them as promote finds them)
                     self.disk.count(hits=len(row_ids) - len(cold))
-                    self.disk.promote(self._table, cold, count=True, known_absent=True, admit=admit)
-                    slots = self._table.lookup(row_ids)
+                    slots[slots < 0] = self.disk.promote_absent(self._table, cold, admit=admit)
                 else:
                     on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
                     self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))

@@ -267,14 +267,26 @@ class DiskTier:
         return self._bring(table, row_ids, count, known_absent, admit)[0]
 
     @_fatal
+    def promote_absent(self, table: RowTable, row_ids: np.ndarray,
+                       admit: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """:meth:`promote` of a request's rows none of which is in ``table`` (``known_absent``): the slot each of
+        them has in ``table`` afterwards (-1: not on disk, or not admitted), so the caller need not look them up
+        (promotions only add rows: the slots of the others stay)."""
+        slot_of = self._bring(table, row_ids, True, True, admit)[2]
+        return slot_of if slot_of is not None else np.full(len(row_ids), -1, np.int64)
+
+    @_fatal
     def promote_or_keep(self, table: RowTable, row_ids: np.ndarray,
                         admit: Callable[[np.ndarray], np.ndarray]) -> tuple[int, np.ndarray]:
         """:meth:`promote` with `admit` for a push: ``(promoted, records)``, the records (whole, of the rows on
         disk not admitted: to be updated where they are, :meth:`write_back`) in no particular order."""
-        return self._bring(table, row_ids, True, False, admit, keep=False)
+        return self._bring(table, row_ids, True, False, admit, keep=False)[:2]
 
     def _bring(self, table: RowTable, row_ids: np.ndarray, count: bool, known_absent: bool,
-               admit: Callable[[np.ndarray], np.ndarray] | None, keep: bool = True) -> tuple[int, np.ndarray]:
+               admit: Callable[[np.ndarray], np.ndarray] | None,
+               keep: bool = True) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """``(rows promoted, records of the rows on disk not admitted, the slot in the table of each row of the
+        cold ones (those absent from it, in their order): -1 where none; None if none was found)``."""
         none = np.zeros(0, self.store.record_dtype)
         ids = as_row_ids(row_ids)
         absent = np.ones(len(ids), bool) if known_absent else table.lookup(ids) < 0
@@ -282,7 +294,7 @@ class DiskTier:
         if not len(cold) or not len(self.store):
             if count:
                 self.count(int(len(ids) - absent.sum()), 0)
-            return 0, none
+            return 0, none, None
         version = self.store.version
         cached, cached_records = self._cache.find(version, cold)     # read in place since the store last changed
         take = self.store.begin_take(cold[~cached])                  # one index probe; the read under way
@@ -291,7 +303,7 @@ class DiskTier:
         if count:
             self.count(int(len(ids) - absent.sum()), len(at_cached) + len(at_stored))
         if not len(at_cached) and not len(at_stored):
-            return 0, none
+            return 0, none, None
         come = np.zeros(len(cold), bool)
         slot_of = None
         if admit is None:
@@ -327,7 +339,7 @@ class DiskTier:
             self.counters["promoted"] += len(moved)
         if keep and len(rest):
             self._cache.add(self.store.version, rest["id"], rest)
-        return len(moved), rest
+        return len(moved), rest, slot_of
 
     @staticmethod
     def _place(table: RowTable, cold: np.ndarray, come: np.ndarray) -> np.ndarray:
