@@ -7,8 +7,9 @@ import pytest
 
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.rows import RowTable
-from kvstore_lazy.store.segments import SegmentStore
-from kvstore_lazy.store.tier import DiskTier
+from kvstore_lazy.store import tier as tier_module
+from kvstore_lazy.store.segments import DiskError, SegmentStore
+from kvstore_lazy.store.tier import DiskTier, DiskTierFailure
 
 # odd sizes on purpose: float16 weights of 5 (10 bytes), a uint8 and a float64 column: padded, unaligned fields
 LAYOUTS = [(32, np.float32, 1, {"last": np.uint32, "count": np.uint32}),
@@ -125,6 +126,35 @@ def test_seal_writes_the_documented_check_and_move_rows_moves_whole_rows(tmp_pat
     want[[1, 4, 7]] = rows[[19, 15, 10]]
     kernels.move_rows(rows, np.array([1, 4, 7]), np.array([19, 15, 10]))
     assert rows.tobytes() == want.tobytes()
+
+
+def test_a_demotion_the_store_refuses_leaves_every_row_in_the_table(tmp_path, monkeypatch):
+    """The table lets the rows go while their records are indexed: if the store refuses a chunk (a full disk), the
+    chunks it took go again and every row is back in the table, values and columns as they were (a row is in one
+    tier), and the tier stops the server (DiskTierFailure)."""
+    table = filled_table(*LAYOUTS[0], n=500)
+    tier = DiskTier(tmp_path / "t", table)
+    tier.demote(table, np.arange(0, 500, 5))            # some rows on disk already
+    before, on_disk = table.export(), len(tier)
+    monkeypatch.setattr(tier_module, "DEMOTE_CHUNK", 64)
+    put, calls = tier.store.put_records, []
+
+    def refuse_the_third(records, handoff=False):
+        calls.append(len(records))
+        if len(calls) == 3:
+            raise DiskError(28, "disk tier: no space left (the test's)")
+        put(records, handoff=handoff)
+
+    monkeypatch.setattr(tier.store, "put_records", refuse_the_third)
+    with pytest.raises(DiskTierFailure, match="no space left"):
+        tier.demote(table, np.arange(0, 300, 1))
+    assert calls == [64, 64, 64] and len(tier) == on_disk
+    after = table.export()
+    for name in ("row_ids", "weights"):
+        assert after[name].tobytes() == before[name].tobytes()
+    assert after["states"][0].tobytes() == before["states"][0].tobytes()
+    assert {k: v.tobytes() for k, v in after["columns"].items()} == \
+        {k: v.tobytes() for k, v in before["columns"].items()}
 
 
 def test_records_a_pull_read_in_place_are_promoted_without_a_second_read_until_the_store_changes(tmp_path):

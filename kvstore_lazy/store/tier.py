@@ -4,10 +4,11 @@ columns) into a :class:`~kvstore_lazy.store.segments.SegmentStore`, and moved ba
 A row is in exactly one tier at a time: :meth:`DiskTier.demote` writes the rows at some slots to disk and then
 removes them from the table; :meth:`DiskTier.promote` takes the rows of a batch that are on disk (one batched read)
 and inserts them into the table as they were. Both are a handful of whole-array operations per batch; nothing loops
-over rows in Python. Two threads help, neither of them deciding anything: the store's pool reads a promotion's
-records while this thread places the rows in the table and drops them from the disk index, and the store's writer
-thread writes a demotion's records while this thread goes on (SegmentStore.begin_take, put_records with handoff);
-what moves where is decided here, in request order, as before. The record of a row is the structured dtype
+over rows in Python. Threads help, none of them deciding anything: the store's pool reads a promotion's records
+while this thread places the rows in the table and drops them from the disk index, a helper removes a demotion's
+rows from the table while this thread indexes their records, and the store's writer thread writes those records
+while this thread goes on (SegmentStore.begin_take, put_records with handoff); what moves where is decided here, in
+request order, as before. The record of a row is the structured dtype
 :func:`record_dtype` of the table's layout, so a row that went to disk and back is bit for bit the row that left.
 """
 from __future__ import annotations
@@ -33,6 +34,15 @@ DEMOTE_CHUNK = 1 << 13          # rows written to disk per step of a demotion (o
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
+_HELPER: list = []
+
+
+def _helper():
+    """The one thread that removes a demotion's rows from the table while the demoting thread stores them."""
+    if not _HELPER:
+        from concurrent import futures
+        _HELPER.append(futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-lazy-demote"))
+    return _HELPER[0]
 
 
 def _fix_mmap_threshold() -> None:
@@ -226,25 +236,34 @@ class DiskTier:
 
     @_fatal
     def demote(self, table: RowTable, slots: np.ndarray) -> np.ndarray:
-        """Write the rows at ``slots`` to disk, then remove them from ``table``; returns their ids. If the write
-        fails (DiskError) the table is unchanged."""
+        """Write the rows at ``slots`` to disk and remove them from ``table``; returns their ids. If the write
+        fails (DiskError) the table holds the same rows as before (at other slots)."""
         slots = np.asarray(slots, np.int64)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for lo in range(0, len(slots), DEMOTE_CHUNK):
+            chunk = slots[lo:lo + DEMOTE_CHUNK]
+            ids = table.ids_at(chunk)
+            order = np.argsort(ids, kind="stable")           # records by id, as RowTable.export gives rows
+            records = np.empty(len(chunk), self.store.record_dtype)
+            kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
+            parts.append((ids[order], records))
+        # the table lets the rows go on a helper thread (its compiled loops release the GIL) while this one hands
+        # their records to the store (indexed here, written by the store's writer thread)
+        removing = _helper().submit(table.remove_slots, slots)
         written: list[np.ndarray] = []
-        try:      # in chunks: the copies of a large eviction pass (a tenth of the budget) stay small
-            for lo in range(0, len(slots), DEMOTE_CHUNK):
-                chunk = slots[lo:lo + DEMOTE_CHUNK]
-                ids = table.ids_at(chunk)
-                order = np.argsort(ids, kind="stable")       # records by id, as RowTable.export gives rows
-                records = np.empty(len(chunk), self.store.record_dtype)
-                kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
-                self.store.put_records(records, handoff=True)      # written by the store's writer thread
-                del records
-                written.append(ids[order])
+        try:
+            for ids, records in parts:
+                self.store.put_records(records, handoff=True)
+                written.append(ids)
         except (DiskError, SegmentError):
-            for ids in written:       # a row is in one tier: those written go again (the table keeps them)
+            removing.result()
+            for ids in written:       # a row is in one tier: none went to disk, all of them stay in the table
                 self.store.delete(ids)
+            fields = self._fields(table)
+            for ids, records in parts:
+                kernels.scatter_fields(records, table.insert_absent(ids), fields)
             raise
-        table.remove_slots(slots)
+        removing.result()
         self.counters["demoted"] += len(slots)
         return np.concatenate(written) if written else np.zeros(0, np.uint64)
 
