@@ -122,7 +122,7 @@ class Arena:
 
     def clear(self, lo: int, hi: int) -> None:
         """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages among them go back to the
-        kernel (they read as zero again), unless they are a small tail (at most KEEP_SHARE of the rows before them):
+        kernel (they read as zero again), unless they are a small tail (at most 1/KEEP_SHARE of the rows before them):
         those are written with zeros and kept, since the table soon grows into them again (a budget pass removes a
         few percent of the rows that the next rounds' new rows take back). Returned, every one of them would be a
         page fault and a page the kernel zeroes on the next touch (the same zeros, plus the fault), and each return
