@@ -93,8 +93,7 @@ WRITE_RING = False              # rewrite through the ring too (buffered writes:
 REWRITE_IN_PLACE = True         # rewrite writes in place (False: appends, as for a segment a snapshot links)
 CHEAP_GARBAGE = 0.5             # compact_store compacts a segment this much garbage whatever the store's ratio
 COMPACT_LIMIT = 8               # segments compact_store rewrites at most per call (a round end's bound)
-_POOL: list = []
-_WRITER: list = []
+_EXECUTORS: dict[str, futures.ThreadPoolExecutor] = {}
 _RING: list = []
 
 
@@ -105,17 +104,21 @@ def _uring() -> bool:
     return _RING[0]
 
 
+def executor(name: str, threads: int = 1) -> futures.ThreadPoolExecutor:
+    """The process's thread pool ``name`` (thread names ``kvstore-lazy-<name>``), made on first use and kept."""
+    if name not in _EXECUTORS:
+        _EXECUTORS[name] = futures.ThreadPoolExecutor(threads, thread_name_prefix=f"kvstore-lazy-{name}")
+    return _EXECUTORS[name]
+
+
 def _pool() -> futures.ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kvstore-lazy-disk"))
-    return _POOL[0]
+    """The threads that read a batch's records in parts (_start_pread)."""
+    return executor("disk", READ_THREADS)
 
 
 def _writer() -> futures.ThreadPoolExecutor:
     """The one thread that writes the records handed over by put_records(handoff=True), in order."""
-    if not _WRITER:
-        _WRITER.append(futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-lazy-disk-write"))
-    return _WRITER[0]
+    return executor("disk-write")
 
 
 class SegmentError(ValueError):

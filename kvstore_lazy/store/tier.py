@@ -8,8 +8,8 @@ over rows in Python. Threads help, none of them deciding anything: the store's p
 while this thread places the rows in the table and drops them from the disk index, a helper removes a demotion's
 rows from the table while this thread indexes their records, and the store's writer thread writes those records
 while this thread goes on (SegmentStore.begin_take, put_records with handoff); what moves where is decided here, in
-request order, as before. The record of a row is the structured dtype
-:func:`record_dtype` of the table's layout, so a row that went to disk and back is bit for bit the row that left.
+request order, as before. The record of a row is the structured dtype :func:`record_dtype` of the table's layout, so
+a row that went to disk and back is bit for bit the row that left.
 """
 from __future__ import annotations
 
@@ -21,28 +21,20 @@ import numpy as np
 
 from . import kernels
 from .rows import RowTable, as_row_ids
-from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore, join,
-                       link_or_copy, pick, put_at)
+from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore,
+                       executor, join, link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"
 MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
 TRIM_THRESHOLD = 16 << 20
-DEMOTE_CHUNK = 1 << 13          # rows written to disk per step of a demotion (one pwrite of ~2 MB at D=32: large
-                                # and sequential, yet a transient of a few MB above the budget, and below glibc's
-                                # mmap threshold: a chunk's buffer is heap memory used again, not fresh pages the
-                                # kernel faults in and zeroes every time)
+DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion (one pwrite of ~2 MB at D=32:
+                                # large and sequential, and a buffer below glibc's mmap threshold: heap memory used
+                                # again, not fresh pages the kernel faults in and zeroes every time). A pass's
+                                # chunks are all packed before the table lets its rows go, so its records (2% of
+                                # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 _FIXED: list = []
-_HELPER: list = []
-
-
-def _helper():
-    """The one thread that removes a demotion's rows from the table while the demoting thread stores them."""
-    if not _HELPER:
-        from concurrent import futures
-        _HELPER.append(futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-lazy-demote"))
-    return _HELPER[0]
 
 
 def _fix_mmap_threshold() -> None:
@@ -249,7 +241,7 @@ class DiskTier:
             parts.append((ids[order], records))
         # the table lets the rows go on a helper thread (its compiled loops release the GIL) while this one hands
         # their records to the store (indexed here, written by the store's writer thread)
-        removing = _helper().submit(table.remove_slots, slots)
+        removing = executor("demote").submit(table.remove_slots, slots)   # one thread
         written: list[np.ndarray] = []
         try:
             for ids, records in parts:
