@@ -29,7 +29,7 @@ def server_main(argv: list[str] | None = None) -> int:
                              "$KVSTORE_LAZY_STATUS_FILE) is alive and serving, else 1 (a Kubernetes readiness probe)")
     args = parser.parse_args(argv)
     if args.ready is not None:
-        from .node_lifecycle import STATUS_ENV, check_ready
+        from kvstore_lazy.node.placement import STATUS_ENV, check_ready
 
         ready, why = check_ready(args.ready or os.environ.get(STATUS_ENV))
         print(("ready: " if ready else "not ready: ") + why)
@@ -39,8 +39,8 @@ def server_main(argv: list[str] | None = None) -> int:
                         (args.metrics_bind, "KVSTORE_LAZY_METRICS_BIND")):
         if value is not None:
             os.environ[name] = value   # options are the environment variables' spelling on the command line
-    from . import runtime
-    from .runtime import Config, StartupError
+    from kvstore_lazy.node import runtime
+    from kvstore_lazy.node.runtime import Config, StartupError
 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(runtime.NodeLogFilter())
@@ -54,7 +54,7 @@ def server_main(argv: list[str] | None = None) -> int:
 
 
 def _run(config) -> int:
-    from .runtime import ServerNode
+    from kvstore_lazy.node.runtime import ServerNode
 
     profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
     if not profile:

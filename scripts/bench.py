@@ -74,7 +74,7 @@ sys.path.insert(0, str(WORKERS))
 import plots  # noqa: E402
 from common import DriftingCTR, read_results, row_stream  # noqa: E402
 from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
-from kvstore_lazy.metrics import RssSampler  # noqa: E402
+from kvstore_lazy.node.procstats import RssSampler  # noqa: E402
 from kvstore_lazy.server.lifecycle import parse_bytes  # noqa: E402
 
 MiB, GiB = 2**20, 2**30

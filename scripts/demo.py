@@ -3,7 +3,7 @@ the same job on MXNet's stock C++ servers, side by side.
 
 Each run is a Job (stock scheduler, servers, two stock MXNet workers running scripts/wide_deep.py) with a
 deadline; every process is ended by PID. While it runs, this process samples the servers' memory
-(kvstore_lazy.metrics) and condenses the lazy servers' row counts ("stats" log lines) into one line per interval.
+(kvstore_lazy.node.procstats) and condenses the lazy servers' row counts ("stats" log lines) into one line per interval.
 At the end: a per-feature table (input_dim, rows seen by the workers, rows stored) and a cost table (bytes rank 0
 shipped at init, server peak RSS, checkpoint size, wall time, loss), printed and written to <out>/summary.json.
 
@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvstore_lazy import metrics  # noqa: E402
+from kvstore_lazy.node import procstats as metrics  # noqa: E402
 from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 
 WORKER = ROOT / "scripts" / "wide_deep.py"

@@ -6,7 +6,7 @@
     python scripts/patch_mxnet.py status [--target DIR]
 
 DIR is the mxnet package directory (default: the one `import mxnet` would load, found without importing it).
-The patches add hooks that do nothing unless KVSTORE_LAZY=1 (see kvstore_lazy/integration.py). Both directions
+The patches add hooks that do nothing unless KVSTORE_LAZY=1 (see kvstore_lazy/worker/integration.py). Both directions
 are idempotent (apply twice = apply once; revert of a stock mxnet changes nothing) and all-or-nothing: every file
 is checked first (sha256 of the stock 1.9.1 file, or the stock file plus exactly these patches), and nothing is
 written if any file is neither, or if the package is not mxnet 1.9.1. Exit status: 0 done / nothing to do,

@@ -31,8 +31,8 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from kvstore_lazy import metrics
-from kvstore_lazy.initializers import parse_initializer
+from kvstore_lazy.node import procstats as metrics
+from kvstore_lazy.numerics.initializers import parse_initializer
 
 EMB_KEY, WIDE_KEY = 100, 200          # + feature index; the Trainer owns keys 0..len(params)-1
 ZIPF_A = 1.2
@@ -298,7 +298,8 @@ if rank == 0:
         tables.update(dense)
         declared = getattr(lazy_worker, "declared", None)
         if save_rows is not None and declared is not None:
-            # with the sidecar saying how each absent row is computed (python -m kvstore_lazy.checkpoint densify)
+            # with the sidecar saying how each absent row is computed (python -m kvstore_lazy.persist.checkpoint
+            # densify)
             save_rows(ckpt_path, tables, specs={name: declared(kv, key) for name, key, _, _ in SPARSE})
             method += " + kvstore_lazy.worker.save_rows (with its .lazy.json sidecar)"
         elif save_rows is not None:

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvstore_lazy import checkpoint  # noqa: E402
+from kvstore_lazy.persist import checkpoint  # noqa: E402
 from kvstore_lazy.launch import Job  # noqa: E402
 
 STEPS = 60

@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 
 from cluster import Job, JobHung
-from kvstore_lazy import checkpoint as lazy_checkpoint
+from kvstore_lazy.persist import checkpoint as lazy_checkpoint
 from common import load
 from mxnet_copy import job_env
 

@@ -21,9 +21,9 @@ import zlib
 
 import numpy as np
 
-from kvstore_lazy import optimizers
-from kvstore_lazy.compression import dequantize_2bit
-from kvstore_lazy.initializers import parse_initializer
+from kvstore_lazy.numerics import optimizers
+from kvstore_lazy.numerics.compression import dequantize_2bit
+from kvstore_lazy.numerics.initializers import parse_initializer
 
 SHAPES = {0: (5, 7), 1: (13,)}
 STEPS = 5

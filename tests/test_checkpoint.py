@@ -1,4 +1,4 @@
-"""kvstore_lazy.checkpoint: atomic files, the checkpoint sidecar (.lazy.json) and densify.
+"""kvstore_lazy.persist.checkpoint: atomic files, the checkpoint sidecar (.lazy.json) and densify.
 
 - a save that fails leaves the previous file and no temp file; files get the mode open() would give them;
 - why a sidecar and not an extra entry: stock Gluon load_parameters and Module.load_params refuse a file with an
@@ -29,8 +29,9 @@ import numpy as np
 import pytest
 
 from cluster import ROOT
-from kvstore_lazy import checkpoint, ndfile
-from kvstore_lazy.initializers import parse_initializer
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import ndfile
+from kvstore_lazy.numerics.initializers import parse_initializer
 from kvstore_lazy.worker import save_ndarrays, save_rows
 
 UNIFORM = mx.init.Uniform(0.07).dumps()
@@ -262,7 +263,7 @@ def test_save_rows_refuses_specs_that_do_not_fit_and_writes_nothing(tmp_path):
 # densify
 
 def densify(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "kvstore_lazy.checkpoint", "densify", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "kvstore_lazy.persist.checkpoint", "densify", *map(str, args)],
                           capture_output=True, text=True, timeout=120, cwd=str(cwd))
 
 
@@ -337,7 +338,7 @@ def test_densify_bad_input_one_error_line_nonzero_exit_nothing_written(tmp_path,
 
 def test_densify_never_imports_mxnet(tmp_path):
     lazy_file(tmp_path / "in.params")
-    code = ("import sys; from kvstore_lazy.checkpoint import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from kvstore_lazy.persist.checkpoint import main; rc = main(sys.argv[1:]); "
             "assert 'mxnet' not in sys.modules, 'mxnet imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, "densify", str(tmp_path / "in.params"),
                            str(tmp_path / "out.params")], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
@@ -353,7 +354,7 @@ def test_densify_memory_does_not_grow_with_the_parameter(tmp_path):
     save_rows(str(tmp_path / "big.params"), {"emb": ((rows, 8), ids, np.ones((1000, 8), np.float32))},
               specs={"emb": spec(rows=rows, dim=8)})
     # VmHWM, not getrusage's ru_maxrss: that one keeps the peak of the forked parent (this pytest, with mxnet)
-    code = ("import sys; from kvstore_lazy.checkpoint import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from kvstore_lazy.persist.checkpoint import main; rc = main(sys.argv[1:]); "
             "print('VmHWM_kb', [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]); "
             "sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, "densify", str(tmp_path / "big.params"),

@@ -27,7 +27,7 @@ import pytest
 
 import faultjob
 from cluster import netns_unavailable
-from kvstore_lazy import checkpoint
+from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.launch import Job, NetnsPlacer, parse_netns_map
 
 ROOT = Path(__file__).resolve().parents[1]

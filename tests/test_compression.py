@@ -1,4 +1,5 @@
-"""2-bit gradient compression, server side: kvstore_lazy.compression against a pure-Python reference written from the
+"""2-bit gradient compression, server side: kvstore_lazy.numerics.compression against a pure-Python reference written
+from the
 facts sheet's bit layout, against real compressed pushes captured from a stock MXNet 1.9.1 worker, and against MXNet's
 own dequantize (run in this process through a 'device' KVStore with 2-bit compression on a CPU context).
 """
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore_lazy.compression import TWO_BIT, Compression, CompressionError, compressed_words, dequantize_2bit
+from kvstore_lazy.numerics.compression import TWO_BIT, Compression, CompressionError, compressed_words, dequantize_2bit
 from kvstore_lazy.protocol.message import Message, decode_kv
 from wire_fixtures import load_fixture
 

@@ -96,7 +96,7 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, monkeyp
     restored from them (into another disk directory) continues exactly. With an admission window (rows updated
     where they are on disk), a segment a snapshot links is never written in place (copy-on-write)."""
     from fakepeer import WORKER0, WORKER1, Requests
-    from kvstore_lazy import checkpoint
+    from kvstore_lazy.persist import checkpoint
     from kvstore_lazy.server.core import KVServer
     from test_server import Peer
     history = streams(rounds=40, span=20_000, batch=100)
@@ -137,7 +137,7 @@ def test_a_restored_server_with_a_tier_continues_bit_identical(tmp_path, monkeyp
 
 
 def test_a_damaged_segment_in_a_snapshot_stops_the_restore_naming_it(tmp_path):
-    from kvstore_lazy import checkpoint
+    from kvstore_lazy.persist import checkpoint
     from kvstore_lazy.server.core import KVServer
     from kvstore_lazy.store.tier import DiskTierFailure
     settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path / "a"), track_changes=True)
@@ -267,7 +267,7 @@ def test_rows_updated_on_disk_after_a_snapshot_leave_the_snapshot_as_it_was(tmp_
     not be written into those shared files (copy-on-write): a server restored from the snapshot and given the
     same rounds ends where the server that went on ended, and both where the run with everything in memory did."""
     from fakepeer import WORKER0, WORKER1, Requests
-    from kvstore_lazy import checkpoint
+    from kvstore_lazy.persist import checkpoint
     from kvstore_lazy.server.core import KVServer
     from test_server import Peer
     history = streams(rounds=40, span=20_000, batch=100)

@@ -25,7 +25,7 @@ import pytest
 
 import faultjob
 from common import load
-from kvstore_lazy import checkpoint
+from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.store.segments import SegmentStore
 
 pytestmark = pytest.mark.integration

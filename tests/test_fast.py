@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvstore_lazy.initializers as ki
-import kvstore_lazy.optimizers as opt
+import kvstore_lazy.numerics.initializers as ki
+import kvstore_lazy.numerics.optimizers as opt
 from kvstore_lazy.protocol import fast
 from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.store import rows
@@ -265,7 +265,7 @@ def test_compiled_updates_decline_what_the_kernels_cannot_take():
 @settings(max_examples=200, deadline=None)
 @given(st.sets(st.integers(0, 60), max_size=30), st.sets(st.integers(0, 60), max_size=30), st.integers(1, 5))
 def test_compiled_merge_is_kernels_merge_rows(a, b, cols):
-    import kvstore_lazy.optimizers  # noqa: F401  (hands the kernels' addresses over)
+    import kvstore_lazy.numerics.optimizers  # noqa: F401  (hands the kernels' addresses over)
     from kvstore_lazy.store import kernels
     ids_a, ids_b = np.array(sorted(a), np.int64), np.array(sorted(b), np.int64)
     rng = np.random.default_rng(len(a) * 100 + len(b))

@@ -12,7 +12,7 @@ import pytest
 
 import lazy_scenarios as scenarios
 from cluster import PYTHON, ROOT
-from kvstore_lazy import checkpoint as lazy_checkpoint
+from kvstore_lazy.persist import checkpoint as lazy_checkpoint
 from lazy_jobs import LAZY, PATCHED_OFF, STOCK, assert_same_checkpoint, checkpoint
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
 from mxnet_copy import job_env

@@ -1,4 +1,4 @@
-"""Tests for kvstore_lazy.initializers: distributions, determinism, parsing."""
+"""Tests for kvstore_lazy.numerics.initializers: distributions, determinism, parsing."""
 
 import math
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import kvstore_lazy.initializers as ki
-from kvstore_lazy.initializers import InitializerError, parse_initializer
+import kvstore_lazy.numerics.initializers as ki
+from kvstore_lazy.numerics.initializers import InitializerError, parse_initializer
 
 mx = pytest.importorskip("mxnet")
 
@@ -382,7 +382,7 @@ def test_error_is_value_error():
 
 
 def test_module_does_not_import_mxnet():
-    code = ("import sys, kvstore_lazy.initializers as m; "
+    code = ("import sys, kvstore_lazy.numerics.initializers as m; "
             "m.parse_initializer('[\"normal\", {\"sigma\": 1}]')"
             ".rows(1, 2, [3], (4, 5), 'float32'); "
             "assert 'mxnet' not in sys.modules, 'mxnet imported'")

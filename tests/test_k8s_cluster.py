@@ -30,8 +30,8 @@ import pytest
 
 import faultjob
 from cluster import netns_unavailable
-from kvstore_lazy import checkpoint
-from kvstore_lazy import node_lifecycle as lifecycle
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.node import placement as lifecycle
 from kvstore_lazy.launch import Job, NetnsPlacement, NetnsPlacer
 
 ROOT = Path(__file__).resolve().parents[1]

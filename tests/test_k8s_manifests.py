@@ -22,8 +22,8 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="make k8s-deps installs it")
 
-from kvstore_lazy import node_lifecycle as lifecycle  # noqa: E402
-from kvstore_lazy.runtime import Config  # noqa: E402
+from kvstore_lazy.node import placement as lifecycle  # noqa: E402
+from kvstore_lazy.node.runtime import Config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "docker" / "k8s"

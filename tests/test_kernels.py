@@ -101,7 +101,7 @@ def test_update_rows_declines_arrays_the_kernels_cannot_take():
 
     mx = pytest.importorskip("mxnet")
 
-    from kvstore_lazy.optimizers import load_optimizer
+    from kvstore_lazy.numerics.optimizers import load_optimizer
     for opt in (mx.optimizer.SGD(learning_rate=0.1, momentum=0.9), mx.optimizer.Adam()):
         ours = load_optimizer(pickle.dumps(opt, 0))
         weight = np.ones((4, 2), np.float32)

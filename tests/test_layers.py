@@ -20,26 +20,28 @@ ALLOWED = {
     "kvstore_lazy.protocol": {"kvstore_lazy.protocol"},
     "kvstore_lazy.store": {"kvstore_lazy.store"},
     # and the compiled fast path's loader (a leaf: _fast.c imports nothing), for its uniform values
-    "kvstore_lazy.initializers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},
-    "kvstore_lazy.compression": set(),
-    "kvstore_lazy.optimizers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},   # small dense updates
+    "kvstore_lazy.numerics.initializers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},
+    "kvstore_lazy.numerics.compression": set(),
+    "kvstore_lazy.numerics.optimizers": {"kvstore_lazy.store", "kvstore_lazy.protocol.fast"},   # small dense updates
     "kvstore_lazy.server": {"kvstore_lazy.server", "kvstore_lazy.protocol", "kvstore_lazy.store",
-                            "kvstore_lazy.initializers", "kvstore_lazy.optimizers", "kvstore_lazy.compression",
+                            "kvstore_lazy.numerics.initializers", "kvstore_lazy.numerics.optimizers",
+                            "kvstore_lazy.numerics.compression",
                             "kvstore_lazy.cli"},   # server/__main__.py runs the command line
     "kvstore_lazy.transport": {"kvstore_lazy.protocol"},
-    "kvstore_lazy.membership": {"kvstore_lazy.protocol"},
-    "kvstore_lazy.journal": {"kvstore_lazy.protocol", "kvstore_lazy.checkpoint"},
-    "kvstore_lazy.checkpoint": {"kvstore_lazy.ndfile", "kvstore_lazy.initializers",   # sidecars and densify
-                                "kvstore_lazy.store"},                                # (fsync_path)
-    "kvstore_lazy.ndfile": set(),
-    "kvstore_lazy.promexport": {"kvstore_lazy.protocol"},   # fed by the runtime; reads no server internals
-    "kvstore_lazy.node_lifecycle": set(),
+    "kvstore_lazy.node.membership": {"kvstore_lazy.protocol"},
+    "kvstore_lazy.persist.journal": {"kvstore_lazy.protocol", "kvstore_lazy.persist.checkpoint"},
+    # sidecars and densify; the store's fsync_path
+    "kvstore_lazy.persist.checkpoint": {"kvstore_lazy.persist.ndfile", "kvstore_lazy.numerics.initializers",
+                                        "kvstore_lazy.store"},
+    "kvstore_lazy.persist.ndfile": set(),
+    "kvstore_lazy.node.promexport": {"kvstore_lazy.protocol"},   # fed by the runtime; reads no server internals
+    "kvstore_lazy.node.placement": set(),
 }
 ONLY = {   # third-party module -> the only project modules that may import it
     "zmq": {"kvstore_lazy.transport"},
-    "mxnet": {"kvstore_lazy.worker", "kvstore_lazy.integration"},
+    "mxnet": {"kvstore_lazy.worker", "kvstore_lazy.worker.integration"},
 }
-WIRING = {"kvstore_lazy.transport", "kvstore_lazy.membership", "kvstore_lazy.server"}
+WIRING = {"kvstore_lazy.transport", "kvstore_lazy.node.membership", "kvstore_lazy.server"}
 
 
 def module_name(path: Path) -> str:
@@ -89,22 +91,22 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             if any(_within(i, [third]) for i in imported) and not _within(module, owners):
                 bad.append(f"{module} imports {third}")
         wired = {p for p in WIRING if any(_within(i, [p]) for i in project)}
-        if len(wired) > 1 and module != "kvstore_lazy.runtime" and not _within(module, WIRING):
-            bad.append(f"{module} wires {sorted(wired)} (only kvstore_lazy.runtime does)")
+        if len(wired) > 1 and module != "kvstore_lazy.node.runtime" and not _within(module, WIRING):
+            bad.append(f"{module} wires {sorted(wired)} (only kvstore_lazy.node.runtime does)")
     return bad
 
 
 def test_the_package_keeps_its_dependency_direction():
     graph = package_imports()
-    assert "kvstore_lazy.server.core" in graph and "kvstore_lazy.runtime" in graph
+    assert "kvstore_lazy.server.core" in graph and "kvstore_lazy.node.runtime" in graph
     assert violations(graph) == []
 
 
 @pytest.mark.parametrize("module, source, expected", [
     ("kvstore_lazy.server.core", "def f():\n    import zmq\n", "kvstore_lazy.server.core imports zmq"),
     ("kvstore_lazy.protocol.kv", "from ..server import core\n", "kvstore_lazy.protocol.kv imports kvstore_lazy.server"),
-    ("kvstore_lazy.server.keys", "from .. import membership\n",
-     "kvstore_lazy.server.keys imports kvstore_lazy.membership"),
+    ("kvstore_lazy.server.keys", "from ..node import membership\n",
+     "kvstore_lazy.server.keys imports kvstore_lazy.node.membership"),
     ("kvstore_lazy.store.rows", "import mxnet as mx\n", "kvstore_lazy.store.rows imports mxnet"),
     ("kvstore_lazy.cli", "from .transport import zmq_van\nfrom .server import core\n", "kvstore_lazy.cli wires"),
 ])

@@ -15,7 +15,7 @@ import pytest
 
 from cluster import PYTHON, ROOT
 from common import load
-from kvstore_lazy import checkpoint
+from kvstore_lazy.persist import checkpoint
 from lazy_jobs import LAZY, STOCK, checkpoint as read_checkpoint, finish, start, stored_rows
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
 from mxnet_copy import job_env
@@ -93,7 +93,7 @@ def test_defaults_keep_only_trained_rows_and_the_checkpoint_reproduces_the_eval(
     # densify (no kvstore_lazy needed to read its output): exactly what the stock run saved, and stock mxnet
     # scoring it reproduces the eval too
     dense = tmp_path / "dense"
-    done = subprocess.run([sys.executable, "-m", "kvstore_lazy.checkpoint", "densify", last,
+    done = subprocess.run([sys.executable, "-m", "kvstore_lazy.persist.checkpoint", "densify", last,
                            f"{dense}-{EPOCHS - 1:04d}.params"], capture_output=True, text=True, timeout=120,
                           cwd=str(ROOT))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -13,8 +13,8 @@ import pytest
 
 from common import load
 from lazy_jobs import stored_rows as snapshot_rows
-from kvstore_lazy import checkpoint
-from kvstore_lazy.initializers import parse_initializer
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.numerics.initializers import parse_initializer
 
 pytestmark = pytest.mark.integration
 

@@ -288,7 +288,7 @@ def test_pending_ids_are_capped_stalest_first():
 
 
 def test_server_environment_errors_stop_the_start():
-    from kvstore_lazy.runtime import Config, StartupError
+    from kvstore_lazy.node.runtime import Config, StartupError
     base = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_WORKER": "1",
             "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "127.0.0.1"}
     with pytest.raises(StartupError, match="KVSTORE_LAZY_EVICT"):

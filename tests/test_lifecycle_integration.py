@@ -20,7 +20,7 @@ import pytest
 import faultjob
 import lifecycle_model as lm
 from common import load
-from kvstore_lazy import checkpoint
+from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.protocol.mxnet import row_partition
 from lifecycle_stream import ids_for
 

@@ -11,7 +11,7 @@ import pytest
 import lazy_scenarios as scenarios
 from lazy_jobs import LAZY, PATCHED_OFF, STOCK, assert_same_checkpoint, checkpoint
 from lazy_scenarios import patched  # noqa: F401  (the fixture)
-from kvstore_lazy.checkpoint import lazy_params
+from kvstore_lazy.persist.checkpoint import lazy_params
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,5 @@
-"""kvstore_lazy.ndfile against the real thing: files mx.nd.save (stock mxnet 1.9.1) writes are indexed and read back
+"""kvstore_lazy.persist.ndfile against the real thing: files mx.nd.save (stock mxnet 1.9.1) writes are indexed and
+read back
 exactly; what Writer writes is byte for byte what mx.nd.save writes for the same arrays, so mx.nd.load reads it;
 anything else is refused with an NDFileError naming the file."""
 import io
@@ -7,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from kvstore_lazy import ndfile
+from kvstore_lazy.persist import ndfile
 
 
 def arrays():

@@ -1,4 +1,4 @@
-"""kvstore_lazy.node_lifecycle: bind vs advertise, the status file and ``--ready`` probe, the rejoin-or-register
+"""kvstore_lazy.node.placement: bind vs advertise, the status file and ``--ready`` probe, the rejoin-or-register
 decision,
 whose snapshot a server may load, and the ADD_NODE a rejoined server sends its workers. The last test runs real
 stock scheduler and workers on 127.0.0.1: two servers with a snapshot volume each, restarted with their ports
@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from cluster import PYTHON, ROOT, free_port
-from kvstore_lazy import checkpoint, membership
-from kvstore_lazy import node_lifecycle as lifecycle
-from kvstore_lazy.node_lifecycle import LifecycleError
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.node import membership
+from kvstore_lazy.node import placement as lifecycle
+from kvstore_lazy.node.placement import LifecycleError
 from kvstore_lazy.protocol.message import Message, identity_of
 from kvstore_lazy.protocol.pbmeta import ADD_NODE, SERVER
-from kvstore_lazy.runtime import Config, StartupError, membership_path
+from kvstore_lazy.node.runtime import Config, StartupError, membership_path
 
 BASE = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "kvl-scheduler", "DMLC_PS_ROOT_PORT": "9091",
         "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2"}
@@ -80,7 +81,7 @@ def test_status_file_and_ready_probe(tmp_path):
     path.write_text(record)
     assert "no longer running" in lifecycle.check_ready(str(path))[1]
     # the probe command, against a live and then a dead process
-    writer = subprocess.Popen([PYTHON, "-c", "import sys, time; from kvstore_lazy import node_lifecycle as lifecycle; "
+    writer = subprocess.Popen([PYTHON, "-c", "import sys, time; from kvstore_lazy.node import placement as lifecycle; "
                                "lifecycle.StatusFile(sys.argv[1]).write('serving', rank=0); print('ok', flush=True); "
                                "time.sleep(60)", str(path)], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:

@@ -1,4 +1,4 @@
-"""Tests for kvstore_lazy/optimizers.py: restricted unpickling, and numeric parity with MXNet 1.9.1.
+"""Tests for kvstore_lazy/numerics/optimizers.py: restricted unpickling, and numeric parity with MXNet 1.9.1.
 
 Each test pickles a real mx.optimizer object with protocol 0, as the worker does. It
 loads the pickle with load_optimizer and runs the same steps through mxnet's Updater
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 import mxnet as mx
-from kvstore_lazy import optimizers
-from kvstore_lazy.optimizers import (Optimizer, UnsafePickleError, UnsupportedOptimizerError,
+from kvstore_lazy.numerics import optimizers
+from kvstore_lazy.numerics.optimizers import (Optimizer, UnsafePickleError, UnsupportedOptimizerError,
                                      load_optimizer)
 
 OPT, LRS = mx.optimizer, mx.lr_scheduler
@@ -301,7 +301,7 @@ def test_accepts_bytes_like_and_exposes_interface():
 def test_server_side_never_imports_mxnet(tmp_path):
     body_file = tmp_path / 'body'
     body_file.write_bytes(pickle.dumps(OPT.SGD(momentum=0.9, lr_scheduler=LRS.FactorScheduler(2)), 0))
-    module = Path(__file__).resolve().parents[1] / 'kvstore_lazy' / 'optimizers.py'
+    module = Path(__file__).resolve().parents[1] / 'kvstore_lazy' / 'numerics' / 'optimizers.py'
     script = f'''
 import importlib.util, sys, numpy as np
 spec = importlib.util.spec_from_file_location('optimizers', {str(module)!r})

@@ -1,4 +1,4 @@
-"""The Prometheus exporter (kvstore_lazy.promexport) over a real KVServer and a real HTTP scrape on 127.0.0.1.
+"""The Prometheus exporter (kvstore_lazy.node.promexport) over a real KVServer and a real HTTP scrape on 127.0.0.1.
 
 A scrape shows the last record the loop published and nothing newer (the HTTP thread never reads the server);
 that record equals KVServer.stats() at the moment of publish; request kinds, bad requests and histograms count
@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakepeer import F32, F64, WORKER1, Requests
-from kvstore_lazy.promexport import (REQUEST_BOUNDS, Exporter, Histogram, _stats_families, address_from_env,
+from kvstore_lazy.node.promexport import (REQUEST_BOUNDS, Exporter, Histogram, _stats_families, address_from_env,
                                      request_kind)
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.pbmeta import Meta

@@ -10,11 +10,13 @@ import os
 import numpy as np
 import pytest
 
-from kvstore_lazy import checkpoint, journal, membership
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import journal
+from kvstore_lazy.node import membership
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.message import KVPairs, Message
 from kvstore_lazy.protocol.pbmeta import Meta
-from kvstore_lazy.runtime import (Config, Outbox, StartupError, find_membership, membership_path,
+from kvstore_lazy.node.runtime import (Config, Outbox, StartupError, find_membership, membership_path,
                                   _rejoin_timestamp)
 from kvstore_lazy.server.core import KVServer
 from kvstore_lazy.server.resume import ResumeGate

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import mxnet
 from fakepeer import F16, F32, F64, WORKER0, WORKER1, Requests, check_reply, quantize_2bit
-from kvstore_lazy.initializers import parse_initializer
+from kvstore_lazy.numerics.initializers import parse_initializer
 from kvstore_lazy.protocol import ProtocolError
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, decode_kv, identity_of

@@ -1,4 +1,5 @@
-"""KVServer (sans-IO): what kvstore_lazy.integration uses for worker checkpoints -- string-key aliases of the virtual
+"""KVServer (sans-IO): what kvstore_lazy.worker.integration uses for worker checkpoints -- string-key aliases of the
+virtual
 keys (LAZY_ALIAS), optimizer states read and written through the flat-state keys, update counts (LAZY_SET_COUNTS).
 End to end with stock workers: test_gluon_lazy.py, test_module_lazy.py."""
 import json

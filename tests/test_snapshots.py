@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fakepeer import WORKER0, WORKER1, Requests
-from kvstore_lazy import checkpoint
+from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.server.core import KVServer
 from kvstore_lazy.server.lifecycle import Settings
 from test_lifecycle import KEY, server, streams, sync_round

@@ -1,4 +1,4 @@
-"""Who may send the server what (kvstore_lazy.trust) and the job's roster (kvstore_lazy.membership), sans-IO.
+"""Who may send the server what (kvstore_lazy.node.trust) and the job's roster (kvstore_lazy.node.membership), sans-IO.
 
 Issue 11: stock ps-lite takes any ``ps<id>`` identity from anyone. Here the scheduler's ADD_NODE reply is validated
 into a Roster (this job's ids and roles, addresses a DEALER can connect to) and every received message passes
@@ -12,11 +12,11 @@ import ipaddress
 
 import pytest
 
-from kvstore_lazy import membership
-from kvstore_lazy.membership import MembershipError, Roster, check_address
+from kvstore_lazy.node import membership
+from kvstore_lazy.node.membership import MembershipError, Roster, check_address
 from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, TERMINATE,
                                           WORKER, Control, Meta, Node)
-from kvstore_lazy.trust import Gate, LogLimiter, TrustError, parse_allow, what
+from kvstore_lazy.node.trust import Gate, LogLimiter, TrustError, parse_allow, what
 
 IP = ipaddress.ip_address
 

@@ -23,7 +23,7 @@ class FastLoadError(ImportError):
 
 def load() -> ModuleType:
     try:
-        from . import _fast
+        from kvstore_lazy.protocol import _fast
     except ImportError as exc:
         raise FastLoadError(f"kvstore_lazy's compiled fast path (kvstore_lazy/protocol/_fast.so) cannot be imported "
                             f"({exc}): {REBUILD}") from None

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import mxnet as mx
-from .errors import ProtocolError
-from .fast import native
-from .message import KVPairs, Message, decode_kv
-from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta, no_control
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.errors import ProtocolError
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.message import KVPairs, Message, decode_kv
+from kvstore_lazy.protocol.pbmeta import DT_INT32, DT_OTHER, DT_UINT64, Meta, no_control
 
 MAX_ROW_ID = (1 << 63) - 1   # row ids are int64 on the worker (MXNet's row_sparse indices)
 _new = object.__new__

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ProtocolError
-from .pbmeta import DT_INT32, DT_OTHER, DT_UINT64, EMPTY, Meta, decode_meta, encode_meta
+from kvstore_lazy.protocol.errors import ProtocolError
+from kvstore_lazy.protocol.pbmeta import DT_INT32, DT_OTHER, DT_UINT64, EMPTY, Meta, decode_meta, encode_meta
 
 
 MAX_ID_DIGITS = len(str(EMPTY))   # a node id is an int32 below kEmpty: at most 10 digits

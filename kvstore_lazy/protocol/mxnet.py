@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ProtocolError
+from kvstore_lazy.protocol.errors import ProtocolError
 
 # enum class RequestType
 DEFAULT, ROW_SPARSE, COMPRESSED = 0, 1, 2
@@ -40,7 +40,8 @@ def is_virtual_key(key: int) -> bool:
     return key >= ROWS_HEADER_KEY
 
 
-# kvstore_lazy.integration (the mxnet patches): string-key KVStores reach the virtual keys through string keys whose
+# kvstore_lazy.worker.integration (the mxnet patches): string-key KVStores reach the virtual keys through string keys
+# whose
 # ints (MXNet numbers string keys in init order) a LAZY_ALIAS command ({"alias": int, "key": virtual key}) names;
 # LAZY_SET_COUNTS ({"key": K, "counts": [per server], "num_update": [per server]}) restores optimizer update counts.
 LAZY_ALIAS, LAZY_SET_COUNTS = 110, 111

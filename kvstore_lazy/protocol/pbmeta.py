@@ -23,8 +23,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .errors import ProtocolError
-from .fast import native
+from kvstore_lazy.protocol.errors import ProtocolError
+from kvstore_lazy.protocol.fast import native
 
 EMPTY = 2147483647  # ps-lite's kEmpty = INT_MAX
 

@@ -30,18 +30,18 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..compression import Compression, CompressionError, dequantize_2bit
-from ..optimizers import Optimizer, check_runs, load_optimizer
-from ..protocol import kv as wire
-from ..protocol import mxnet as mx
-from ..protocol.kv import BadRequest, DataRequest
-from ..protocol.message import Message
-from ..protocol.pbmeta import EMPTY
-from .declaration import LazySpec
-from .fastpath import FastPath
-from .keys import DenseKey, RowSparseKey
-from .lifecycle import Lifecycle, Settings
-from .state_transfer import StateTransfer
+from kvstore_lazy.numerics.compression import Compression, CompressionError, dequantize_2bit
+from kvstore_lazy.numerics.optimizers import Optimizer, check_runs, load_optimizer
+from kvstore_lazy.protocol import kv as wire
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.kv import BadRequest, DataRequest
+from kvstore_lazy.protocol.message import Message
+from kvstore_lazy.protocol.pbmeta import EMPTY
+from kvstore_lazy.server.declaration import LazySpec
+from kvstore_lazy.server.fastpath import FastPath
+from kvstore_lazy.server.keys import DenseKey, RowSparseKey
+from kvstore_lazy.server.lifecycle import Lifecycle, Settings
+from kvstore_lazy.server.state_transfer import StateTransfer
 
 log = logging.getLogger("kvstore_lazy.server")
 

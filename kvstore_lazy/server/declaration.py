@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..initializers import RowInitializer, parse_initializer
-from ..protocol import mxnet as mx
-from .lifecycle import Policy
+from kvstore_lazy.numerics.initializers import RowInitializer, parse_initializer
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.server.lifecycle import Policy
 
 MAX_ROW_ELEMENTS = 1 << 16        # elements per row (embedding dims); 256 KiB a float32 row
 MAX_ROWS = 1 << 62                # rows of one key (hashed ids over a 2^62 space)

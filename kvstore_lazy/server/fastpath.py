@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..protocol import kv as wire
-from ..protocol import mxnet as mx
-from ..protocol.fast import native
-from ..protocol.kv import MAX_ROW_ID
-from ..protocol.message import Message
-from .keys import DenseKey, RowSparseKey
+from kvstore_lazy.protocol import kv as wire
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.kv import MAX_ROW_ID
+from kvstore_lazy.protocol.message import Message
+from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 
 if TYPE_CHECKING:
-    from .core import KVServer
+    from kvstore_lazy.server.core import KVServer
 
 _ROWS_F32 = mx.command_code(mx.ROW_SPARSE, mx.FLOAT32)
 _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW_DTYPES.items()}
@@ -54,7 +54,7 @@ class FastPath:
         self.answered = 0          # pulls answered here (tests, profiles)
         self.partial = 0           # of them, pulls with rows keys.py made
         self.pushes = 0            # dense pushes handed to their key's round here
-        from .core import MATERIALIZE_ON_TOUCH   # (core imports this module)
+        from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH   # (core imports this module)
         self.touch = MATERIALIZE_ON_TOUCH
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:

@@ -24,14 +24,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..optimizers import Optimizer
-from ..protocol.fast import native
-from ..protocol.kv import BadRequest, DataRequest
-from ..store import kernels
-from ..store.rows import RowTable
-from ..store.tier import DiskTier, dense_rows
-from .declaration import LazySpec
-from .lifecycle import Lifecycle, RowPolicy
+from kvstore_lazy.numerics.optimizers import Optimizer
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.kv import BadRequest, DataRequest
+from kvstore_lazy.store import kernels
+from kvstore_lazy.store.rows import RowTable
+from kvstore_lazy.store.tier import DiskTier, dense_rows
+from kvstore_lazy.server.declaration import LazySpec
+from kvstore_lazy.server.lifecycle import Lifecycle, RowPolicy
 
 _merge_rows = native.merge_rows   # (its kernel's address comes from optimizers, imported above)
 

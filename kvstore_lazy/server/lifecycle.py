@@ -41,7 +41,8 @@ snapshot it started from, so journal replay after a crash repeats it exactly:
   score: the row's last push round minus its key's round (older first). LFU: rounds with a push (fewer first), then
   LRU among equals;
 - the admission coin is ``u < p`` with ``u = (mix64(state(seed ^ ADMIT_SALT, key, row) + count * GAMMA) >> 11) / 2**53``
-  (``state``, ``mix64``, ``GAMMA`` as in :mod:`kvstore_lazy.initializers`; ``count`` = 1 at the first pushed round):
+  (``state``, ``mix64``, ``GAMMA`` as in :mod:`kvstore_lazy.numerics.initializers`; ``count`` = 1 at the first pushed
+  round):
   a function of the row, not of the server count or the order of workers.
 
 So count, probability and TTL in rounds give the same rows on any number of servers (a partitioned key's rounds are
@@ -67,9 +68,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..initializers import GAMMA, row_states
-from ..store import kernels
-from ..store.rows import RowTable
+from kvstore_lazy.numerics.initializers import GAMMA, row_states
+from kvstore_lazy.store import kernels
+from kvstore_lazy.store.rows import RowTable
 
 log = logging.getLogger("kvstore_lazy.server")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from ..protocol import kv as wire
-from ..protocol import mxnet as mx
-from ..protocol.message import Message
-from .core import node_name
+from kvstore_lazy.protocol import kv as wire
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.message import Message
+from kvstore_lazy.server.core import node_name
 
 log = logging.getLogger("kvstore_lazy.server")
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import kv as wire
-from ..protocol import mxnet as mx
-from ..protocol.kv import BadRequest, DataRequest, RowsHeader
-from ..protocol.message import Message
-from .keys import DenseKey, RowSparseKey
+from kvstore_lazy.protocol import kv as wire
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.kv import BadRequest, DataRequest, RowsHeader
+from kvstore_lazy.protocol.message import Message
+from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
 MAX_ALIASES = 64        # string-key names of the (nine) virtual keys

@@ -4,7 +4,8 @@ called through ctypes.
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
 rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of two
 workers' row_sparse gradients, and the optimizer updates that read and write table rows in place. Float arithmetic
-follows the numpy reference in :mod:`kvstore_lazy.optimizers` operation by operation, and the library is built so
+follows the numpy reference in :mod:`kvstore_lazy.numerics.optimizers` operation by operation, and the library is
+built so
 that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths against MXNet).
 
 Building. ``setup.py`` compiles ``kernels.c`` into ``_kernels.so`` beside this file when the package is installed

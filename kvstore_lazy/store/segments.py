@@ -73,8 +73,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kernels
-from .rows import RowTable, as_row_ids
+from kvstore_lazy.store import kernels
+from kvstore_lazy.store.rows import RowTable, as_row_ids
 
 FORMAT = "kvstore-lazy-segments/1"
 DEFAULT_SEGMENT_ROWS = 1 << 16

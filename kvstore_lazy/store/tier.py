@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kernels
-from .rows import RowTable, as_row_ids
-from .segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError, SegmentStore,
+from kvstore_lazy.store import kernels
+from kvstore_lazy.store.rows import RowTable, as_row_ids
+from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError,
+                                         SegmentStore,
                        executor, join, link_or_copy, pick, put_at)
 
 STORE_FILE = "store.json"

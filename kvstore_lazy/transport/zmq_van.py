@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..protocol.fast import native
-from ..protocol.message import Message
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.message import Message
 
 log = logging.getLogger(__name__)
 

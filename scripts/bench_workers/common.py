@@ -22,8 +22,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 try:  # the project's helpers (RSS from /proc, TCP bytes from `ss -tinpH`)
-    from kvstore_lazy.metrics import rss as _rss, tcp_bytes_sent as _tcp_bytes_sent
-except ImportError:  # pragma: no cover - a checkout without kvstore_lazy/metrics.py
+    from kvstore_lazy.node.procstats import rss as _rss, tcp_bytes_sent as _tcp_bytes_sent
+except ImportError:  # pragma: no cover - a checkout without kvstore_lazy/node/procstats.py
     _rss = _tcp_bytes_sent = None
 
 ZIPF_A = 1.2

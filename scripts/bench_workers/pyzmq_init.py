@@ -21,7 +21,7 @@ import zmq
 sys.path.insert(0, os.path.dirname(__file__))
 from common import Results, server_pids, servers_rss, tcp_bytes_sent  # noqa: E402
 
-from kvstore_lazy import membership  # noqa: E402
+from kvstore_lazy.node import membership  # noqa: E402
 from kvstore_lazy.protocol import mxnet as proto  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs, Message, decode_kv, identity_of  # noqa: E402
 from kvstore_lazy.protocol.pbmeta import ADD_NODE, WORKER, Control, Meta, Node, encode_meta  # noqa: E402

@@ -15,9 +15,9 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kvstore_lazy.membership import Roster  # noqa: E402
+from kvstore_lazy.node.membership import Roster  # noqa: E402
 from kvstore_lazy.protocol.pbmeta import ADD_NODE, SCHEDULER, SERVER, WORKER, Control, Meta, Node  # noqa: E402
-from kvstore_lazy.trust import Gate, parse_allow  # noqa: E402
+from kvstore_lazy.node.trust import Gate, parse_allow  # noqa: E402
 
 N = 200_000
 

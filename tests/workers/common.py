@@ -18,6 +18,6 @@ def load(out: str, rank: int) -> dict:
 def tcp_bytes_sent(pid=None) -> int:
     """Bytes this process has sent over its open TCP sockets (kernel counters via iproute2's `ss -tinp`;
     /proc/<pid>/io's wchar does not count send() on sockets)."""
-    from kvstore_lazy.metrics import tcp_bytes_sent as sent
+    from kvstore_lazy.node.procstats import tcp_bytes_sent as sent
 
     return sent(pid)

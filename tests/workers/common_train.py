@@ -116,7 +116,7 @@ def finish_lazy(kv, out: str, results: dict, linger: bool) -> None:
     kv._barrier()
     with open("/proc/self/status") as fh:
         results["vmhwm_kb"] = np.array(next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")))
-    results["kvstore_lazy_imported"] = np.array("kvstore_lazy.integration" in sys.modules)
+    results["kvstore_lazy_imported"] = np.array("kvstore_lazy.worker.integration" in sys.modules)
     save(out, kv.rank, results)
     print("worker", kv.rank, "done; VmHWM", int(results["vmhwm_kb"]), "kB", flush=True)
     if linger:

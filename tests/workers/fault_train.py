@@ -46,7 +46,7 @@ kv.init(DENSE_KEY, mx.nd.array(np.linspace(-1, 1, args.dense, dtype=np.float32))
 
 start = 0
 if args.resume:
-    from kvstore_lazy import checkpoint
+    from kvstore_lazy.persist import checkpoint
     tag = checkpoint.common_tag(args.snapshot_dir, int(os.environ["DMLC_NUM_SERVER"]))
     start = int(tag["step"]) if tag else 0
     print(f"worker {rank}: resuming after step {start}", flush=True)

@@ -10,7 +10,8 @@ differently from the job.
 
 Modes:
 - a dist job (default). `--stock-init`: the row_sparse weights start from the values lazy servers compute, built
-  with kvstore_lazy.initializers for (seed 0, key = position in the Module's parameter order, row), so a stock run
+  with kvstore_lazy.numerics.initializers for (seed 0, key = position in the Module's parameter order, row), so a
+  stock run
   on stock servers starts where a lazy one does (the dense layer draws the same values from mx.random in both).
   Results in <out>.rank<r>.npz: eval_<epoch>, the rows each rank trained, the rows the executor held when scoring.
 - `--score PREFIX --epoch E`: no kvstore; a fresh local Module from `mx.model.load_checkpoint(PREFIX, E)` and
@@ -116,7 +117,8 @@ mod = mx.mod.Module(network(), data_names=["data"], label_names=["softmax_label"
 mod.bind(data_shapes=train.provide_data, label_shapes=train.provide_label)
 results = {}
 if args.stock_init:
-    from kvstore_lazy.initializers import parse_initializer   # numpy only: the function lazy servers compute rows with
+    # numpy only: the function lazy servers compute rows with
+    from kvstore_lazy.numerics.initializers import parse_initializer
 
     arg_params = {}
     for name, cols in (("w", 2), ("v", args.factors)):

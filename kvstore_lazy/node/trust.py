@@ -4,7 +4,7 @@ it (issue 11).
 Owns: the network allow-list (``KVSTORE_LAZY_ALLOW``), which addresses a node of the job may send from, which
 messages each role may send a server, and rate-limited logging of what is refused. Sans-IO: the runtime passes in
 the sender id (from the identity frame), the TCP address ZeroMQ received the message from, the decoded meta, the
-job's :class:`~kvstore_lazy.membership.Roster`, and a resolver for host names.
+job's :class:`~kvstore_lazy.node.membership.Roster`, and a resolver for host names.
 Does not own: what a request means (``server``) or the sockets (``transport``).
 
 Stock ps-lite authenticates nothing: a ROUTER takes any ``ps<id>`` identity, so any peer that reaches a node's port
@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .membership import SCHEDULER_ID, Roster
-from .protocol.pbmeta import ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, TERMINATE, WORKER, Meta
+from kvstore_lazy.node.membership import SCHEDULER_ID, Roster
+from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, TERMINATE,
+                                          WORKER, Meta)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

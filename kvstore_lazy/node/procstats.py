@@ -135,7 +135,7 @@ def tcp_bytes_sent(pid: int | None = None) -> int:
     return total
 
 
-if __name__ == "__main__":  # python -m kvstore_lazy.metrics PID...: print RSS, peak RSS and TCP bytes sent
+if __name__ == "__main__":  # python -m kvstore_lazy.node.procstats PID...: print RSS, peak RSS and TCP bytes sent
     import sys
 
     for arg in sys.argv[1:] or [str(os.getpid())]:

@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .protocol import ProtocolError
-from .protocol import mxnet as mx
-from .protocol.pbmeta import Meta
+from kvstore_lazy.protocol import ProtocolError
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.pbmeta import Meta
 
 __all__ = ["Exporter", "Published", "address_from_env", "request_kind", "REQUEST_BOUNDS", "SNAPSHOT_BOUNDS"]
 

@@ -27,7 +27,7 @@ remote process does (ServerAliveInterval bounds a silent host to ~15 s). A node 
 caught by --timeout (status 124).
 
 Server recovery (--restart-servers N): a kvstore_lazy server that dies is restarted with KVSTORE_LAZY_RECOVERY=1 at
-the same host and port; it rejoins the job from its snapshot and journal (see kvstore_lazy.runtime). This needs
+the same host and port; it rejoins the job from its snapshot and journal (see kvstore_lazy.node.runtime). This needs
 --snapshot-dir, and turns on the journal for servers and PS_RESEND for every node.
 
 Run: ``python -m kvstore_lazy.launch -n 2 -s 2 python train.py``.
@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .envvars import c_atoi
+from kvstore_lazy.config import c_atoi
 
 STOCK_NODE = [sys.executable, "-c", "import mxnet"]
 LAZY_SERVER = [sys.executable, "-m", "kvstore_lazy.server"]
@@ -379,7 +379,7 @@ class Node:
         return self.popen.pid
 
 
-REGISTERED = re.compile(r"registered as server rank (\d+)")   # kvstore_lazy.runtime's line once it has its rank
+REGISTERED = re.compile(r"registered as server rank (\d+)")   # kvstore_lazy.node.runtime's line once it has its rank
 SERVER_PREFIX = r"\[server (\d+)(?:, rank \d+)?\]"             # a server's output prefix; group 1: its start index
 
 
@@ -912,6 +912,3 @@ def _interrupt(signum, frame):
     _received.append(signum)
     raise KeyboardInterrupt()
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,7 +14,8 @@ In a worker of a dist job (``DMLC_ROLE=worker``) with the switch on:
 - saving parameters (``Block.save_parameters``, ``Module.get_params``/``save_checkpoint``/``save_params``) fetches
   only the rows that exist on the servers (:func:`kvstore_lazy.worker.fetch_rows`) instead of pulling every row;
   every file is written atomically, with the ``.lazy.json`` sidecar saying how each lazy weight was declared (key
-  id, shape, dtype, initializer, seed: kvstore_lazy.checkpoint), from every save path (``Block.save_parameters``,
+  id, shape, dtype, initializer, seed: kvstore_lazy.persist.checkpoint), from every save path
+  (``Block.save_parameters``,
   ``BaseModule.save_params``, ``mx.model.save_checkpoint``);
 - ``Trainer.save_states``/``Module.save_optimizer_states`` save the optimizer states the servers hold (of existing
   rows, and of dense keys) and the update counts; the ``load_*`` counterparts restore them, onto any number of
@@ -38,15 +39,16 @@ import os
 import mxnet as mx
 import numpy as np
 
-from . import checkpoint, worker
-from .initializers import InitializerError, parse_initializer
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy import worker
+from kvstore_lazy.numerics.initializers import InitializerError, parse_initializer
 
 __all__ = ["param_defer_init", "param_reduce", "trainer_init_param", "trainer_save_states", "trainer_load_states",
            "module_init_params", "module_init_param", "initialize_kvstore_for", "module_fetch_param",
            "module_save_states", "module_load_states", "module_fit_first_batch", "atomic_save", "loaded", "seed",
            "STATES_FORMAT"]
 
-log = logging.getLogger("kvstore_lazy.integration")
+log = logging.getLogger("kvstore_lazy.worker.integration")
 
 STATES_FORMAT = "kvstore_lazy.states/1"
 _META = "__kvstore_lazy_meta__"
@@ -121,7 +123,7 @@ def _lazy_entries(owner, data) -> dict:
 
 def atomic_save(save_fn, owner=None):
     """A ``save_fn(fname, data)`` (mx.nd.save, npx.save) that writes atomically (temp file, fsync, rename), with
-    the sidecar describing the lazy parameters among `data` (kvstore_lazy.checkpoint). `owner` knows which they
+    the sidecar describing the lazy parameters among `data` (kvstore_lazy.persist.checkpoint). `owner` knows which they
     are: the dict of Parameters ``Block.save_parameters`` saves, the Module of ``save_checkpoint``, or None for
     ``mx.model.save_checkpoint`` (the Module parameters this process declared, by name)."""
     def save(fname, data):

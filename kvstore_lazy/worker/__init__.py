@@ -3,7 +3,8 @@
 Owns: the LAZY_DECLARE command a worker sends before ``kv.init``, and an ``kv.init`` that ships no rows; reading
 the rows that exist and the optimizer states (:func:`fetch_rows`, :func:`fetch_states`) and writing states back
 (:func:`restore_states`) through the virtual keys of ``protocol.mxnet``; atomic ``mx.nd.save`` of checkpoints with
-their sidecar (what each lazy key was declared with: :func:`declared`, ``kvstore_lazy.checkpoint``). It uses only what a
+their sidecar (what each lazy key was declared with: :func:`declared`, ``kvstore_lazy.persist.checkpoint``). It uses
+only what a
 stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``, pushes and pulls), so mxnet needs no
 rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet.
 
@@ -22,9 +23,9 @@ import weakref
 import mxnet as mx
 import numpy as np
 
-from . import checkpoint
-from .protocol import mxnet as proto
-from .protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.protocol import mxnet as proto
+from kvstore_lazy.protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
 
 __all__ = ["init_lazy", "declare", "declared", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
            "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
@@ -187,7 +188,7 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# optimizer states for checkpoints (kvstore_lazy.integration: Trainer.save_states/load_states, Module's optimizer
+# optimizer states for checkpoints (kvstore_lazy.worker.integration: Trainer.save_states/load_states, Module's optimizer
 # states), through the virtual keys of kvstore_lazy.protocol.mxnet. Dense keys go the same way: each server answers
 # for its part of the key.
 
@@ -394,7 +395,8 @@ def restore_states(kv: "mx.kv.KVStore", key, shape, saved: dict) -> None:
 def save_ndarrays(path: str, arrays: dict, save_fn=None, lazy: dict | None = None) -> None:
     """``mx.nd.save(path, arrays)`` (or ``save_fn(path, arrays)``), atomically: written beside `path`, fsynced,
     renamed over it, so a crash mid-save leaves the previous file intact. `lazy` (entry name -> declaration, as
-    :func:`declared` returns it) writes the checkpoint's sidecar with it (kvstore_lazy.checkpoint); ``{}`` removes
+    :func:`declared` returns it) writes the checkpoint's sidecar with it (kvstore_lazy.persist.checkpoint); ``{}``
+    removes
     a stale one.
 
     Waits for every pending write to the arrays first: MXNet's NDArray::Save writes a sparse array's storage shape
@@ -415,7 +417,8 @@ def save_rows(path: str, arrays: dict, prefix: str = "arg:", specs: dict | None 
     `arrays` maps a name to ``(shape, row_ids, values)`` (a RowSparseNDArray) or to an NDArray (saved as is). Names
     get `prefix` as MXNet's checkpoints do (``arg:NAME``); pass ``prefix=""`` to keep them. `specs` maps a name of
     `arrays` to the declaration of its lazy key (``declared(kv, key)``): the checkpoint's sidecar then says how to
-    rebuild the rows the file does not hold (``python -m kvstore_lazy.checkpoint densify``, the patched loaders).
+    rebuild the rows the file does not hold (``python -m kvstore_lazy.persist.checkpoint densify``, the patched
+    loaders).
     The file is written beside `path`, fsynced and renamed over it, so a crash mid-save leaves the previous file.
     """
     for name, spec in (specs or {}).items():

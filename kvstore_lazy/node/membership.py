@@ -16,8 +16,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from .protocol.pbmeta import ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, WORKER, Control, Meta, Node
-from .protocol.message import Message
+from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, WORKER, Control,
+                                          Meta, Node)
+from kvstore_lazy.protocol.message import Message
 
 SCHEDULER_ID = 1
 SERVER_GROUP, WORKER_GROUP, ALL_GROUP = 2, 4, 7

@@ -4,7 +4,8 @@ Owns: reading a file's index (names, storage types, shapes, dtypes and where eac
 loading any data, reading one array's values or row ids (memory-mapped), and writing a file array by array with
 the values of each one given in chunks, so that an array larger than memory can be written (a stock reader still
 needs the whole array in memory to load it: that is MXNet's format, one contiguous blob per array). It does not
-import mxnet: ``python -m kvstore_lazy.checkpoint densify`` runs where mxnet is not installed, and the server side
+import mxnet: ``python -m kvstore_lazy.persist.checkpoint densify`` runs where mxnet is not installed, and the server
+side
 of the project (checkpoint.py) must never import it.
 
 Layout, as src/ndarray/ndarray.cc (NDArray::Save, the list Save, TShape/Context Save) of mxnet 1.9.1 writes it,

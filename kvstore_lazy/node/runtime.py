@@ -56,22 +56,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import membership
-from . import checkpoint
-from . import node_lifecycle as lifecycle
-from . import journal as journal_mod
-from . import trust
-from .envvars import atoi_flag, flag
-from .protocol import ProtocolError
-from .protocol import mxnet as mx
-from .protocol.message import Message, identity_of
-from .protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
-from .promexport import Exporter, address_from_env
-from .server.core import KVServer, node_name
-from .server.lifecycle import Settings as LifecycleSettings
-from .store.tier import DiskTierFailure
-from .server.resume import ResumeGate
-from .transport.zmq_van import QUEUE_BYTES, QUEUE_MESSAGES, BindError, ConnectError, ZmqVan
+from kvstore_lazy.node import membership
+from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.node import placement as lifecycle
+from kvstore_lazy.persist import journal as journal_mod
+from kvstore_lazy.node import trust
+from kvstore_lazy.config import atoi_flag, flag
+from kvstore_lazy.protocol import ProtocolError
+from kvstore_lazy.protocol import mxnet as mx
+from kvstore_lazy.protocol.message import Message, identity_of
+from kvstore_lazy.protocol.pbmeta import ACK, ADD_NODE, EMPTY, TERMINATE, WORKER
+from kvstore_lazy.node.promexport import Exporter, address_from_env
+from kvstore_lazy.server.core import KVServer, node_name
+from kvstore_lazy.server.lifecycle import Settings as LifecycleSettings
+from kvstore_lazy.store.tier import DiskTierFailure
+from kvstore_lazy.server.resume import ResumeGate
+from kvstore_lazy.transport.zmq_van import QUEUE_BYTES, QUEUE_MESSAGES, BindError, ConnectError, ZmqVan
 
 log = logging.getLogger("kvstore_lazy")
 
@@ -186,7 +186,7 @@ class Config:
     bind: str = ""                  # KVSTORE_LAZY_BIND: the address bound ("" = the advertised host, as ps-lite)
     rejoin_window: float = 30.0     # recovery "auto": rejoin only a job its previous process left this recently
     snapshot_scope: str = "job"     # KVSTORE_LAZY_SNAPSHOT_SCOPE: job (a directory all servers share) | server
-    # who may send what (issue 11, kvstore_lazy.trust)
+    # who may send what (issue 11, kvstore_lazy.node.trust)
     allow: tuple = ()                 # KVSTORE_LAZY_ALLOW networks (empty: any)
     check_address: bool = True        # KVSTORE_LAZY_CHECK_ADDRESS: a node's messages come from its announced address
     scheduler_timeout: float = 30.0   # KVSTORE_LAZY_SCHEDULER_TIMEOUT: exit when the scheduler is silent this long
@@ -245,7 +245,7 @@ class Config:
             snapshot_deltas=_env_int(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS),
             metrics=metrics,
         )
-        try:   # kvstore_lazy.node_lifecycle: bind one address, advertise another (a DNS name on Kubernetes)
+        try:   # kvstore_lazy.node.placement: bind one address, advertise another (a DNS name on Kubernetes)
             bind = "" if config.local else lifecycle.bind_address(env, config.host)
             config.bind = bind if lifecycle.BIND_ENV in env else ""
             config.rejoin_window = lifecycle.rejoin_window(env, config.resend_timeout)

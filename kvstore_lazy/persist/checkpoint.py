@@ -3,7 +3,8 @@
 Owns: writing a file or a directory so that a crash mid-write leaves the previous version intact (temp file, fsync,
 rename, fsync of the directory); the snapshot layout a server writes and reloads: a full snapshot (the *base*)
 plus incremental *deltas*; the sidecar that describes the lazy parameters of a checkpoint file, and ``densify``
-(``python -m kvstore_lazy.checkpoint densify IN OUT``), which writes a stock file with absent rows filled in. numpy
+(``python -m kvstore_lazy.persist.checkpoint densify IN OUT``), which writes a stock file with absent rows filled in.
+numpy
 only (never mxnet: the server imports this module); snapshots are ``.npz`` files read with ``allow_pickle=False``
 and JSON manifests checked before anything is loaded; MXNet's NDArray files are read and written by ``ndfile``.
 
@@ -78,9 +79,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .ndfile import Entry, NDFileError, Writer, chunked, read_index, read_row_ids, read_values
-from .initializers import InitializerError, parse_initializer
-from .store.segments import fsync_path
+from kvstore_lazy.persist.ndfile import Entry, NDFileError, Writer, chunked, read_index, read_row_ids, read_values
+from kvstore_lazy.numerics.initializers import InitializerError, parse_initializer
+from kvstore_lazy.store.segments import fsync_path
 
 FORMAT = 1
 TAGGED_DIR = "tagged"   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
@@ -718,7 +719,7 @@ def densify(src: str | os.PathLike, dst: str | os.PathLike, rows: np.ndarray | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvstore_lazy.checkpoint",
+    parser = argparse.ArgumentParser(prog="python -m kvstore_lazy.persist.checkpoint",
                                      description="Tools for kvstore_lazy checkpoints.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("densify", help="write a stock MXNet file with the absent rows of lazy parameters filled in",
