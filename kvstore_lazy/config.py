@@ -88,7 +88,7 @@ VARIABLES: tuple[Variable, ...] = (
        "Needs KVSTORE_LAZY_MEMORY_BUDGET."),
     _v("KVSTORE_LAZY_DISK_SEGMENT_ROWS", "int", "65536", "server",
        "Records per disk-tier segment file (a power of two)."),
-    _v("KVSTORE_LAZY_DISK_COMPACT", "float", "0.5", "server",
+    _v("KVSTORE_LAZY_DISK_COMPACT", "float", "0.25", "server",
        "Garbage share of the disk tier past which its emptiest sealed segments are compacted."),
     _v("KVSTORE_LAZY_DISK_ADMIT_WINDOW", "int", "0", "server",
        "Rounds: a row on disk comes back into memory only if pushed in its key's last W rounds (0: always)."),
