@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -225,7 +226,7 @@ def register_virtual_keys(kv: "mx.kv.KVStore", num_states: int, string_keys: boo
     for virtual, dtype in wanted:
         if virtual in known:
             continue
-        name = virtual
+        name: int | str = virtual
         if string_keys:
             name = f"__kvstore_lazy_virtual_{virtual - proto.ROWS_HEADER_KEY}__"
             kv._send_command_to_servers(proto.LAZY_ALIAS, json.dumps({"alias": key_id(kv, name), "key": virtual}))
@@ -289,7 +290,7 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
     shape = tuple(int(d) for d in shape)
     headers = _query(kv, key)
     kinds = {h.kind for h in headers} - {0}
-    result = {"counts": [h.update_count for h in headers], "num_update": [h.num_update for h in headers],
+    result: dict[str, Any] = {"counts": [h.update_count for h in headers], "num_update": [h.num_update for h in headers],
               "states": []}
     num_states = max((h.num_states for h in headers), default=0)
     if not kinds:
@@ -423,7 +424,7 @@ def save_rows(path: str, arrays: dict, prefix: str = "arg:", specs: dict | None 
     """
     for name, spec in (specs or {}).items():
         value = arrays.get(name)
-        shape = value[0] if isinstance(value, tuple) else getattr(value, "shape", None)
+        shape = value[0] if isinstance(value, tuple) else getattr(value, "shape", ())
         want = (int(spec["rows"]),) + tuple(int(d) for d in spec["row_shape"])
         stype = "row_sparse" if isinstance(value, tuple) else getattr(value, "stype", "default")
         if value is None or tuple(int(d) for d in shape) != want or stype != "row_sparse":
