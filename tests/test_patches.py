@@ -129,3 +129,30 @@ def test_switch_off_is_stock_and_switch_on_outside_a_dist_job_too(tmp_path):
     done = subprocess.run([sys.executable, "-c", check, str(copy)], env=env, capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_the_switch_reads_on_off_words_and_refuses_others(tmp_path):
+    """KVSTORE_LAZY=false is off (it used to count as on: anything but unset, empty or 0), the usual spellings of on
+    and off are understood in any case, and a value that is neither is refused naming the variable."""
+    copy = copy_mxnet(tmp_path)
+    assert patch_script("apply", copy / "mxnet").returncode == 0
+    check = textwrap.dedent("""
+        import importlib.util, os, sys
+        spec = importlib.util.spec_from_file_location("switch", sys.argv[1])
+        switch = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(switch)
+        out = []
+        for value in ["", "0", "false", "No", "OFF", "1", "true", "Yes", "on", "maybe"]:
+            os.environ["KVSTORE_LAZY"] = value
+            try:
+                out.append(str(switch.switch_on()))
+            except ValueError as exc:
+                out.append(str(exc))
+        print("|".join(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", check, str(copy / "mxnet" / "_kvstore_lazy_switch.py")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = done.stdout.strip().split("|")
+    assert got[:9] == ["False"] * 5 + ["True"] * 4
+    assert got[9].startswith("KVSTORE_LAZY='maybe': use 1/0, true/false, yes/no or on/off")
