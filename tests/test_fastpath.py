@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from fakepeer import F16, F64, WORKER0, WORKER1, Requests
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, identity_of
-from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
+from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.modes import MATERIALIZE_ON_TOUCH
 from kvstore_lazy.server.fastpath import FastPath
 from kvstore_lazy.server.keys import RowSparseKey
 from kvstore_lazy.worker import lazy_spec_body

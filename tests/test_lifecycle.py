@@ -13,7 +13,8 @@ import pytest
 import lifecycle_model as lm
 from fakepeer import WORKER0, WORKER1, Requests
 from kvstore_lazy.protocol import mxnet as proto
-from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH, KVServer
+from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.modes import MATERIALIZE_ON_TOUCH
 from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.server.lifecycle import Policy, Settings, admission_coin, kth_smallest, parse_bytes
 from kvstore_lazy.worker import lazy_spec_body

@@ -37,7 +37,8 @@ from kvstore_lazy.protocol import ProtocolError
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.message import Message, decode_kv, identity_of
 from kvstore_lazy.protocol.pbmeta import EMPTY
-from kvstore_lazy.server.core import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH, KVServer
+from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH
 from kvstore_lazy.worker import lazy_spec_body
 
 SERVER_ID = 8

@@ -41,12 +41,11 @@ from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.server.fastpath import FastPath
 from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 from kvstore_lazy.server.lifecycle import Lifecycle, Settings
+from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH
 from kvstore_lazy.server.state_transfer import StateTransfer
 
 log = logging.getLogger("kvstore_lazy.server")
 
-MATERIALIZE_ON_TOUCH = "touch"   # first pull or push creates the row
-MATERIALIZE_ON_PUSH = "push"     # pulls of absent rows get computed initial values, only pushes store rows
 MAX_DECLARED_KEYS = 4096         # lazy declarations one server keeps (a real job declares a few dozen)
 
 
@@ -246,8 +245,9 @@ class KVServer:
             raise BadRequest(request.key, f"{what} {'push' if request.push else 'pull'} to a {entry.kind} key")
         return entry
 
-    def _round(self, request: DataRequest, entry: Key, grad) -> list[tuple[int, Message]]:
-        """A training push: into the key's dist_sync round, or applied at once (dist_async); the answers due."""
+    def train_push(self, request: DataRequest, entry: Key, grad) -> list[tuple[int, Message]]:
+        """A training push: into the key's dist_sync round, or applied at once (dist_async); the answers due. The
+        general path's and the fast path's pushes (``fastpath.Server``) both end here."""
         if self.sync_mode:
             done = entry.round.add(request, grad, entry.merge, self.num_workers)
             if done is None:
@@ -269,7 +269,7 @@ class KVServer:
         if entry is None:
             self.keys[request.key] = DenseKey.first_push(request.key, values, self.multi_precision)
             return [wire.reply(request.sender, request.meta)]
-        return self._round(request, entry, entry.gradient(dtype, values))
+        return self.train_push(request, entry, entry.gradient(dtype, values))
 
     def _dense_pull(self, request: DataRequest) -> tuple[int, Message]:
         entry = self._key_of(request, DenseKey)
@@ -287,7 +287,7 @@ class KVServer:
                 request, self.specs.get(request.key), self._storage_dtype(request.dtype), num_states,
                 self.num_servers, self.rank, self.lifecycle)
             return [wire.reply(request.sender, request.meta)]
-        return self._round(request, entry, entry.gradient(request))
+        return self.train_push(request, entry, entry.gradient(request))
 
     def _rows_pull(self, request: DataRequest) -> tuple[int, Message]:
         entry = self._key_of(request, RowSparseKey)

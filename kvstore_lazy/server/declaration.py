@@ -3,7 +3,7 @@
 Owns: :class:`LazySpec` and its JSON form (``kvstore_lazy.worker.lazy_spec_body`` writes it; server snapshots keep
 it), and the bounds one declaration may ask for. A declaration allocates nothing, but every later pull of its key
 allocates rows of its row size, so a row size or a key outside these bounds is refused when it is declared.
-An optional ``"policy"`` object sets the key's row lifecycle (``lifecycle.Policy``: admission, TTL); fields it
+An optional ``"policy"`` object sets the key's row lifecycle (``policy.Policy``: admission, TTL); fields it
 leaves out take the server's defaults (the ``KVSTORE_LAZY_*`` environment) when the key is created.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from kvstore_lazy.numerics.initializers import RowInitializer, parse_initializer
 from kvstore_lazy.protocol import mxnet as mx
-from kvstore_lazy.server.lifecycle import Policy
+from kvstore_lazy.server.policy import Policy
 
 MAX_ROW_ELEMENTS = 1 << 16        # elements per row (embedding dims); 256 KiB a float32 row
 MAX_ROWS = 1 << 62                # rows of one key (hashed ids over a 2^62 space)
@@ -40,7 +40,7 @@ class LazySpec:
     seed: int
     bound: int
     initializer: RowInitializer
-    policy: dict = field(default_factory=dict)   # lifecycle.Policy fields the declaration sets
+    policy: dict = field(default_factory=dict)   # policy.Policy fields the declaration sets
 
     def row_policy(self, defaults: Policy) -> Policy:
         """The key's lifecycle policy: the declared fields over the server's defaults."""

@@ -10,10 +10,12 @@ of just those rows, and put in their places: ``server.keys`` alone decides what 
 says such a row is its initial value, left absent, and the initializer's values are the compiled loop's
 (``RowSparseKey.absent_fill``: Uniform, a scalar constant), the same call fills them in. Likewise a plain dense
 push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
-(``KVServer._round``, the general path's merge, update and replies).
+(``KVServer.train_push``, the general path's merge, update and replies).
 Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame layout, a
 key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before changing
-anything, and the general path decides, logs and answers.
+anything, and the general path decides, logs and answers. Nor the server: it reads it through :class:`Server`, the
+narrow interface ``KVServer`` passes itself in as (what the fast path reads per request, and ``train_push``, the one
+method it calls), so this module imports nothing of ``core``: core imports it, never the other way round.
 
 Every check of the general path that can refuse such a request is repeated here as a condition for taking it
 (``protocol.kv.parse``, ``KVServer.handle``/``_data``/``_rows_pull``/``_dense_pull``/``_dense_push``), so a request
@@ -23,19 +25,18 @@ they leave byte for byte.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
 from kvstore_lazy.protocol import kv as wire
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.fast import native
-from kvstore_lazy.protocol.kv import MAX_ROW_ID
+from kvstore_lazy.protocol.kv import MAX_ROW_ID, DataRequest
 from kvstore_lazy.protocol.message import Message
 from kvstore_lazy.server.keys import DenseKey, RowSparseKey
-
-if TYPE_CHECKING:
-    from kvstore_lazy.server.core import KVServer
+from kvstore_lazy.server.modes import MATERIALIZE_ON_TOUCH
 
 _ROWS_F32 = mx.command_code(mx.ROW_SPARSE, mx.FLOAT32)
 _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW_DTYPES.items()}
@@ -46,15 +47,40 @@ _row_push = native.row_push
 _F32 = np.dtype(np.float32)
 
 
+class Aliases(Protocol):
+    aliases: dict[int, int]      # string-key int -> virtual key (state_transfer.StateTransfer)
+
+
+class Server(Protocol):
+    """What the fast path reads of the server (read per request: modes and keys change between requests) and the
+    one thing it calls of it, ``train_push``: a push it took goes on as the general path's (KVServer is one)."""
+
+    key_range: wire.KeyRange
+    poisoned: set[tuple[int, int]]
+    materialize: str
+    sync_mode: bool
+
+    @property
+    def keys(self) -> Mapping[int, DenseKey | RowSparseKey]: ...
+
+    @property
+    def transfer(self) -> Aliases: ...
+
+    @property
+    def optimizer(self) -> object: ...
+
+    def train_push(self, request: DataRequest, entry: DenseKey | RowSparseKey,
+                   grad) -> list[tuple[int, Message]]: ...
+
+
 class FastPath:
-    def __init__(self, server: "KVServer") -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.begin = server.key_range.begin
         self.span = server.key_range.end - server.key_range.begin
         self.answered = 0          # pulls answered here (tests, profiles)
         self.partial = 0           # of them, pulls with rows keys.py made
         self.pushes = 0            # dense pushes handed to their key's round here
-        from kvstore_lazy.server.core import MATERIALIZE_ON_TOUCH   # (core imports this module)
         self.touch = MATERIALIZE_ON_TOUCH
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
@@ -76,60 +102,70 @@ class FastPath:
         if len(raw) % 8 or not raw:
             return None
         key = int.from_bytes(raw[:8], "little") - self.begin
-        server = self.server
-        if not 0 <= key < self.span or server.poisoned:
+        if not 0 <= key < self.span or self.server.poisoned:
             return None
-        head = meta.head
-        if head == _ROWS_F32:
-            if len(raw) == 8 or key in server.transfer.aliases or mx.is_virtual_key(key):
-                return None
-            entry = server.keys.get(key)
-            if type(entry) is not RowSparseKey:
-                return None
-            resident = entry.resident_rows()
-            if resident is None:
-                return None
-            (table, slot_ids, shift, weights), row_offset, local_rows = resident
-            store = server.materialize == self.touch
-            # rows not in the table that are their initial values, left absent: filled in by the same call
-            fill = None if store else entry.absent_fill()
-            got = _gather_rows(raw, table, slot_ids, shift, weights, row_offset, min(local_rows, MAX_ROW_ID + 1),
-                               4 * entry.row_size, fill)
-            if got is None:
-                return None
-            payload, lens, missing, missing_ids = got
-            if entry.disk is not None:    # the tier's hit rate counts the rows found in memory here too
-                entry.disk.count(hits=(len(raw) - len(missing_ids or b"")) // 8 - 1)
-            if missing_ids is None:
-                self.partial += missing is not None
-            else:
-                # rows not in the table: keys.py makes them (initial values, created or not, or wherever a tier
-                # keeps them), as it would for the whole pull; they go into the reply where they belong
-                local_ids = np.frombuffer(missing_ids, np.int64)
-                values = entry.pull(wire.row_pull(msg.sender, meta, key, key + self.begin, local_ids), store=store,
-                                    known_absent=True)
-                if len(local_ids) * 8 == len(raw) - 8:
-                    payload = values          # none of them was in the table
-                else:
-                    rows = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size)
-                    rows[np.frombuffer(missing, np.int64)] = np.frombuffer(values, np.float32).reshape(
-                        -1, entry.row_size)
-                    del rows
-                    payload = memoryview(payload)
-                self.partial += 1
-        else:
-            dtype = _DENSE.get(head)
-            if dtype is None or len(raw) != 8:
-                return None
-            entry = server.keys.get(key)
-            if type(entry) is not DenseKey or entry.dtype != dtype:
-                return None
-            payload = entry.pull(dtype)
-            if len(payload) > _MAX_LEN:
-                return None
-            lens = _I32.pack(len(payload))
+        got = self._rows_pull(msg, raw, key) if meta.head == _ROWS_F32 else self._dense_pull(meta.head, raw, key)
+        if got is None:
+            return None
+        payload, lens = got
         self.answered += 1
         return [wire.pull_answer(msg.sender, meta, raw if type(raw) is bytes else bytes(raw), payload, lens)]
+
+    def _rows_pull(self, msg: Message, raw, key: int) -> tuple | None:
+        """A float32 row_sparse pull of a stored key: (payload, lens) of its reply, or None (nothing changed)."""
+        server = self.server
+        if len(raw) == 8 or key in server.transfer.aliases or mx.is_virtual_key(key):
+            return None
+        entry = server.keys.get(key)
+        if type(entry) is not RowSparseKey:
+            return None
+        resident = entry.resident_rows()
+        if resident is None:
+            return None
+        (table, slot_ids, shift, weights), row_offset, local_rows = resident
+        store = server.materialize == self.touch
+        # rows not in the table that are their initial values, left absent: filled in by the same call
+        fill = None if store else entry.absent_fill()
+        got = _gather_rows(raw, table, slot_ids, shift, weights, row_offset, min(local_rows, MAX_ROW_ID + 1),
+                           4 * entry.row_size, fill)
+        if got is None:
+            return None
+        payload, lens, missing, missing_ids = got
+        if entry.disk is not None:    # the tier's hit rate counts the rows found in memory here too
+            entry.disk.count(hits=(len(raw) - len(missing_ids or b"")) // 8 - 1)
+        if missing_ids is None:
+            self.partial += missing is not None
+        else:
+            payload = self._missing_rows(msg, raw, key, entry, store, payload, missing, missing_ids)
+            self.partial += 1
+        return payload, lens
+
+    def _missing_rows(self, msg: Message, raw, key: int, entry: RowSparseKey, store: bool, payload, missing,
+                      missing_ids):
+        """The reply's payload with the rows not in the table: keys.py makes them (initial values, created or not,
+        or wherever a tier keeps them), as it would for the whole pull; they go into the reply where they belong."""
+        local_ids = np.frombuffer(missing_ids, np.int64)
+        values = entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin, local_ids), store=store,
+                            known_absent=True)
+        if len(local_ids) * 8 == len(raw) - 8:
+            return values          # none of them was in the table
+        rows = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size)
+        rows[np.frombuffer(missing, np.int64)] = np.frombuffer(values, np.float32).reshape(-1, entry.row_size)
+        del rows
+        return memoryview(payload)
+
+    def _dense_pull(self, head: int, raw, key: int) -> tuple | None:
+        """A pull of a stored dense key in its dtype: (payload, lens) of its reply, or None."""
+        dtype = _DENSE.get(head)
+        if dtype is None or len(raw) != 8:
+            return None
+        entry = self.server.keys.get(key)
+        if type(entry) is not DenseKey or entry.dtype != dtype:
+            return None
+        payload = entry.pull(dtype)
+        if len(payload) > _MAX_LEN:
+            return None
+        return payload, _I32.pack(len(payload))
 
     def _rows_push(self, msg: Message) -> list[tuple[int, Message]] | None:
         """A float32 row_sparse push of at least one row to a stored key of its row size (what a worker sends for
@@ -158,12 +194,12 @@ class FastPath:
             return None
         values = np.frombuffer(vals, np.float32).reshape(len(local_ids), row_size)
         self.pushes += 1
-        return server._round(wire.row_push(msg.sender, meta, key, raw, local_ids, values), entry,
+        return server.train_push(wire.row_push(msg.sender, meta, key, raw, local_ids, values), entry,
                              (local_ids, values))
 
     def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
         """A dense push or pushpull (what Gluon's Trainer sends for a dense parameter; not compressed) of a gradient
-        to a stored key, taken from its frames to the key's round (``KVServer._round``: the merge, the update, the
+        to a stored key, taken from its frames to the key's round (``KVServer.train_push``: the merge, the update, the
         replies, a pushpull's with the new value) without decoding a DataRequest; None for anything else: the init,
         a multi-precision key, a wrong size or dtype, async with no optimizer."""
         meta, data = msg.meta, msg.data
@@ -184,4 +220,4 @@ class FastPath:
             return None
         values = np.frombuffer(vals, dtype)
         self.pushes += 1
-        return server._round(wire.dense_push(msg.sender, meta, key, bytes(raw), values), entry, values)
+        return server.train_push(wire.dense_push(msg.sender, meta, key, bytes(raw), values), entry, values)
