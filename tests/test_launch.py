@@ -11,6 +11,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -400,7 +401,7 @@ def test_ssh_launcher_runs_nodes_through_ssh(tmp_path):
     assert "started 2 servers and 2 workers" in proc.stdout
 
 
-@pytest.mark.skipif(launch.shutil.which("setpriv") is None, reason="needs util-linux setpriv (--pdeathsig)")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv (--pdeathsig)")
 def test_nodes_die_with_a_killed_launcher(tmp_path):
     """Even kill -9 of the launcher leaves nothing behind: every node gets SIGTERM when its parent dies."""
     proc = run_cli(tmp_path, [], SLEEP)
