@@ -1,4 +1,4 @@
-"""Tests for kvstore_lazy/numerics/optimizers.py: restricted unpickling, and numeric parity with MXNet 1.9.1.
+"""Tests for kvstore_lazy/numerics/optimizers/: restricted unpickling, and numeric parity with MXNet 1.9.1.
 
 Each test pickles a real mx.optimizer object with protocol 0, as the worker does. It
 loads the pickle with load_optimizer and runs the same steps through mxnet's Updater
@@ -301,11 +301,15 @@ def test_accepts_bytes_like_and_exposes_interface():
 def test_server_side_never_imports_mxnet(tmp_path):
     body_file = tmp_path / 'body'
     body_file.write_bytes(pickle.dumps(OPT.SGD(momentum=0.9, lr_scheduler=LRS.FactorScheduler(2)), 0))
-    module = Path(__file__).resolve().parents[1] / 'kvstore_lazy' / 'numerics' / 'optimizers.py'
+    root = Path(__file__).resolve().parents[1]
+    package = root / 'kvstore_lazy' / 'numerics' / 'optimizers' / '__init__.py'
     script = f'''
-import importlib.util, sys, numpy as np
-spec = importlib.util.spec_from_file_location('optimizers', {str(module)!r})
-m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+import importlib, pkgutil, sys, numpy as np
+sys.path.insert(0, {str(root)!r})
+import kvstore_lazy.numerics.optimizers as m
+assert m.__file__ == {str(package)!r}, m.__file__     # this checkout's package, and every module in it
+for info in pkgutil.iter_modules(m.__path__):
+    importlib.import_module(m.__name__ + '.' + info.name)
 opt = m.load_optimizer(open({str(body_file)!r}, 'rb').read())
 w = np.ones(4, np.float32); opt.update(0, w, w.copy(), opt.init_states(w))
 assert not any(name == 'mxnet' or name.startswith('mxnet.') for name in sys.modules), 'mxnet imported'

@@ -76,7 +76,7 @@ import operator
 import numpy as np
 
 from kvstore_lazy.protocol.fast import native
-from kvstore_lazy.store import kernels
+import kvstore_lazy.store.kernels as kernels
 
 __all__ = ["InitializerError", "RowInitializer", "parse_initializer",
            "row_states", "random_bits", "uniform01"]
