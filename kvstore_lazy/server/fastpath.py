@@ -79,7 +79,7 @@ class FastPath:
         self.begin = server.key_range.begin
         self.span = server.key_range.end - server.key_range.begin
         self.answered = 0          # pulls answered here (tests, profiles)
-        self.partial = 0           # of them, pulls with rows keys.py made
+        self.partial = 0           # of them, pulls with rows RowSparseKey.pull made
         self.pushes = 0            # dense pushes handed to their key's round here
         self.touch = MATERIALIZE_ON_TOUCH
 
@@ -142,7 +142,7 @@ class FastPath:
 
     def _missing_rows(self, msg: Message, raw, key: int, entry: RowSparseKey, store: bool, payload, missing,
                       missing_ids):
-        """The reply's payload with the rows not in the table: keys.py makes them (initial values, created or not,
+        """The reply's payload with the rows not in the table: the key makes them (initial values, created or not,
         or wherever a tier keeps them), as it would for the whole pull; they go into the reply where they belong."""
         local_ids = np.frombuffer(missing_ids, np.int64)
         values = entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin, local_ids), store=store,

@@ -1,0 +1,213 @@
+"""The row_sparse key (DataHandleRowSparse of kvstore_dist_server.h): its init, push, update and pull.
+
+Owns: a row_sparse key's requests: the init push (a declared key takes its shape from the declaration), a push's
+gradient, the merge of a round's rows, the update of the merged rows (admission first, rows on disk updated in place
+or brought back), a pull's rows (created, computed and left absent, or read where a tier keeps them), and what the
+compiled fast path may take of the key (``resident_rows``, ``absent_fill``). :class:`RowSparseKey` is the key: the
+classes it is built on (``row_fields`` -> ``row_disk`` -> ``row_states`` -> ``row_snapshot``) are its other parts.
+Does not own: the wire, the round's bookkeeping, the optimizer, the lifecycle's rules (see the package docstring).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvstore_lazy.numerics.optimizers import Optimizer
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.kv import BadRequest, DataRequest
+from kvstore_lazy.server.declaration import LazySpec
+from kvstore_lazy.server.keys.row_snapshot import RowKeySnapshots
+from kvstore_lazy.server.lifecycle import Lifecycle
+from kvstore_lazy.store import kernels
+
+_merge_rows = native.merge_rows   # (its kernel's address comes from optimizers, imported above)
+
+
+class RowSparseKey(RowKeySnapshots):
+    """A row_sparse key: a table of the rows that exist (DataHandleRowSparse), lazy when a worker declared it.
+
+    The one place a policy for rows plugs in: a lazy key with an active lifecycle policy (admission, TTL, the
+    server's memory budget) consults its :class:`~kvstore_lazy.server.lifecycle.RowPolicy` (``policy``). Every row
+    enters the table through :meth:`_slots_for` (after :meth:`RowPolicy.admit` for a push) and leaves it only
+    through :meth:`expire` and :meth:`evict`, at the eviction points the server's ``Lifecycle`` runs.
+
+    With a disk tier (``KVSTORE_LAZY_DISK_DIR``, under a memory budget) :meth:`evict` moves rows to ``disk`` (a
+    :class:`~kvstore_lazy.store.tier.DiskTier`) instead of dropping them, and :meth:`_promote` is the one place that
+    decides what happens to a row not in memory: a touch (pull, push, state write) of rows on disk brings them back
+    with one batched read per request, as they left (weights, states, columns), before anything else looks at
+    them. A pull promotes only while the memory budget has room for the rows (else it reads them where they are):
+    a worker checkpoint lists every row and pulls them all, which must not bring the whole disk tier into memory.
+    A row is in one tier at a time; "the rows that exist" are both tiers' rows.
+    """
+
+    @classmethod
+    def first_push(cls, request: DataRequest, spec: LazySpec | None, storage_dtype: np.dtype, num_states: int,
+                   num_servers: int, rank: int, lifecycle: Lifecycle | None = None) -> "RowSparseKey":
+        """The init push: a declared key takes its shape from the declaration (its init may carry no rows); any
+        other key gets the rows the init carries, and those are all the rows it has."""
+        values = request.values
+        if spec is not None:
+            if request.dtype != spec.dtype:
+                raise BadRequest(request.key, f"init as {request.dtype.name} but declared {spec.dtype.name}")
+            if len(values) and values.shape[1] != spec.row_size:
+                raise BadRequest(request.key, f"init rows of {values.shape[1]} elements but declared "
+                                              f"{spec.row_size}")
+            offset, local_rows = spec.partition(num_servers, rank)
+            row_size = spec.row_size
+        else:
+            if len(request.local_ids) == 0:
+                raise BadRequest(request.key, "row_sparse init with no rows for a key that was not declared lazy "
+                                              "(declare it with kvstore_lazy.worker.init_lazy, or init with rows)")
+            offset, local_rows, row_size = 0, len(request.local_ids), values.shape[1]
+        policy, track = None, False
+        if lifecycle is not None:
+            track = lifecycle.settings.track_changes
+            if spec is not None:
+                policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), request.key, spec.seed)
+        entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
+                    policy, track)
+        entry.rank = rank
+        if lifecycle is not None:
+            entry._open_disk(lifecycle)
+        entry.check_rows(request.local_ids)
+        if len(request.local_ids):
+            # Rows given at init are stored as sent (this is also how a checkpoint is restored).
+            slots = entry._slots_for(entry.row_ids_of(request.local_ids), entry._zeros)
+            entry._table.set_weights(slots, values.astype(entry._table.dtype))
+        return entry
+
+    # -- push, apply, pull
+
+    def gradient(self, request: DataRequest) -> tuple[np.ndarray, np.ndarray]:
+        """A push's (local_ids, values) as the gradient this key merges and applies."""
+        self.check_dtype(request.dtype, "push")
+        values = request.values
+        if len(values) == 0:
+            values = values.reshape(0, self.row_size)
+        elif values.shape[1] != self.row_size:
+            raise BadRequest(self.key, f"rows of {values.shape[1]} elements pushed to a key of {self.row_size}")
+        self.check_rows(request.local_ids)
+        if self._table.dtype != request.dtype:
+            values = values.astype(self._table.dtype)
+        return request.local_ids, values
+
+    @staticmethod
+    def merge(merged, grad: tuple[np.ndarray, np.ndarray], count: int) -> tuple[np.ndarray, np.ndarray]:
+        local_ids, values = grad
+        if count == 0:
+            return grad              # the message's arrays, never written: merge_rows sums into new ones
+        if len(local_ids) == 0:
+            return merged
+        got = _merge_rows(merged[0], merged[1], local_ids, values)   # kernels.merge_rows in one compiled call
+        if got is None:
+            return kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.float32).reshape(-1, values.shape[1])
+
+    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None) -> None:
+        local_ids, values = grad
+        if len(local_ids) == 0:
+            return
+        row_ids = self.row_ids_of(local_ids)
+        admit = self._disk_admit()
+        if admit is None:
+            self._promote(row_ids)   # rows on disk have a row: admission must see them
+        else:                        # rows on disk the memory tier does not admit are updated where they are
+            _, records = self.disk.promote_or_keep(self._table, row_ids, admit)
+            if len(records):
+                row_ids, values = self._update_on_disk(row_ids, values, records, optimizer)
+        if self.policy is not None:
+            keep = self.policy.admit(self._table, row_ids)
+            if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
+                # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
+                row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
+        slots = self._slots_for(row_ids, promoted=True)
+        self._update(slots, values, optimizer)
+        if self.policy is not None:
+            self.policy.pushed(self._table, slots)
+
+    def _update(self, slots: np.ndarray, values: np.ndarray, optimizer: Optimizer | None) -> None:
+        if optimizer is None:
+            self._table.set_weights(slots, values)
+            return
+        tables = self._table.arrays()
+        if optimizer.update_rows(self.key, tables[0], tables[1:], slots, values):
+            self._table.mark_changed(slots)
+            return
+        del tables
+        weights, states = self._table.weights(slots), self._table.states(slots)
+        optimizer.update(self.key, weights, values, states, row_sparse=True)
+        self._table.set_weights(slots, weights)
+        self._table.set_states(slots, states)
+
+    def pull(self, request: DataRequest, store: bool, known_absent: bool = False) -> bytes:
+        """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
+        created, else they are computed and left absent. The caller has checked the request's dtype and rows
+        (check_dtype, check_rows: KVServer._rows_pull does, before its poison check); `known_absent`: it found none of
+        them in the table just now (the fast path's probe), so they are not looked up again."""
+        row_ids = self.row_ids_of(request.local_ids)
+        if store and self.policy is not None and not self.policy.stores_on_pull:
+            store = False            # rows wait for admission: a pull never creates one
+        admit = self._disk_admit()
+        if (store or self.spec is None) and admit is not None:
+            # rows on disk the memory tier admits come back, the others are read where they are; absent rows
+            # that are not on disk either are created
+            self.disk.promote(self._table, row_ids, count=True, admit=admit)
+            on_disk = self._table.lookup(row_ids) < 0
+            on_disk[on_disk] = self.disk.contains(row_ids[on_disk])
+            rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            rows[~on_disk] = self._table.weights(self._slots_for(row_ids[~on_disk], promoted=True))
+            if on_disk.any():
+                self.disk.read_weights(row_ids[on_disk], rows, np.flatnonzero(on_disk))
+        elif store or self.spec is None:
+            rows = self._table.weights(self._slots_for(row_ids))
+        else:
+            # (with no disk tier, rows the caller found absent are not looked up again)
+            if known_absent:        # none of them is in the table (a disk tier may have them)
+                slots = None if self.disk is None else np.full(len(row_ids), -1, np.int64)
+            else:
+                slots = self._table.lookup(row_ids)
+            if slots is None or (self.disk is None and len(slots) and slots.max() < 0):   # none stored
+                return self.initial_rows(row_ids).astype(self.dtype, copy=False).tobytes()
+            if self.disk is not None:
+                cold = row_ids[slots < 0]
+                if len(cold) and len(self.disk) and \
+                        self.policy.lifecycle.headroom() >= len(cold) * self._table.row_nbytes:
+                    # room under the budget even if every absent row were on disk: they come back (one probe of
+                    # the disk index; the hit rate counts them as promote finds them)
+                    self.disk.count(hits=len(row_ids) - len(cold))
+                    slots[slots < 0] = self.disk.promote_absent(self._table, cold, admit=admit)
+                else:
+                    on_disk = self.disk.contains(cold) if len(self.disk) else np.zeros(0, bool)
+                    self.disk.count(hits=len(row_ids) - len(cold), misses=int(on_disk.sum()))
+                    if on_disk.any() and self.policy.lifecycle.headroom() >= on_disk.sum() * self._table.row_nbytes:
+                        # room under the budget: they come back (those the memory tier admits)
+                        self.disk.promote(self._table, cold, count=False, admit=admit)
+                        slots = self._table.lookup(row_ids)
+            rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            present = slots >= 0
+            rows[present] = self._table.weights(slots[present])
+            if not present.all():
+                absent = np.flatnonzero(~present)
+                if self.disk is not None and len(self.disk):   # no room: read where they are, not promoted
+                    on_disk = self.disk.contains(row_ids[absent])
+                    self.disk.read_weights(row_ids[absent[on_disk]], rows, absent[on_disk])
+                    absent = absent[~on_disk]
+                rows[absent] = self.initial_rows(row_ids[absent])
+        return rows.astype(self.dtype, copy=False).tobytes()
+
+    # -- what the compiled fast path may take (server/fastpath.py)
+
+    def absent_fill(self) -> tuple[int, float, float] | None:
+        """For the compiled pull path: the declared initializer's compiled values (``compiled_fill``) when a row a
+        pull finds absent is its initial value, left absent (:meth:`pull` without `store`: a lazy key with no row
+        policy and no disk tier), else None."""
+        if self.policy is not None or self.disk is not None:
+            return None
+        return self._compiled_fill
+
+    def resident_rows(self) -> tuple | None:
+        """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
+        pull whose rows are all in the table is a plain gather of them in the wire dtype (float32), else None; a
+        pull with any row not in the table always comes to :meth:`pull`."""
+        if self.dtype != np.float32 or self._table.dtype != np.float32:
+            return None
+        return self._table.probe_arrays(), self.row_offset, self.local_rows

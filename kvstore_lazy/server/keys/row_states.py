@@ -1,0 +1,117 @@
+"""The row_sparse key's rows and optimizer states: how a row comes into the table, and the states' transfer.
+
+Owns: a row's initial value (zero for a key that was not declared, else its declared initializer's), the one path
+by which rows enter the table (:meth:`RowKeyStates._slots_for`: rows on disk come back first, absent rows are made
+in one compiled pass where the loop can make them), changes of the table's layout (multi-precision's float32 table,
+a new optimizer's number of states), and the rows and optimizer states a worker checkpoint lists, reads and writes
+(``state_transfer``).
+Does not own: which rows a push may create (``lifecycle.RowPolicy.admit``, asked by ``row_sparse``), the disk
+tier (``row_disk``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from kvstore_lazy.numerics.optimizers import Optimizer
+from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.server.keys.row_disk import RowKeyDisk
+
+
+class RowKeyStates(RowKeyDisk):
+    """The key's rows and optimizer states (see the module docstring)."""
+
+    # -- rows into the table
+
+    def initial_rows(self, row_ids: np.ndarray) -> np.ndarray:
+        if self.spec is None:
+            # Not declared: every row arrived at init, so a missing row can only be zero (an empty gradient row of
+            # the stock server's dense-shaped rsp); the range check keeps ids within the init rows.
+            return self._zeros(row_ids)
+        out = np.empty((len(row_ids), self.row_size), self._table.dtype)   # (checked at the declaration)
+        self.spec.initializer.fill(self.spec.seed, self.key, row_ids, self.spec.shape, out)
+        return out
+
+    def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
+        return np.zeros((len(row_ids), self.row_size), self._table.dtype)
+
+    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None, promoted: bool = False) -> np.ndarray:
+        """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`); rows on disk come
+        back first (unless the caller brought them back: `promoted`)."""
+        if not promoted:
+            self._promote(row_ids)
+        before = len(self._table)
+        if make_rows is None:   # the initial values: made in one compiled pass where the loop can make them
+            slots = self._table.ensure(row_ids, self.initial_rows, self._place_new_rows)
+        else:
+            slots = self._table.ensure(row_ids, make_rows)
+        if self.policy is not None and len(self._table) > before:
+            self.policy.created(self._table, before, len(self._table))
+        return slots
+
+    @functools.cached_property
+    def _compiled_fill(self) -> tuple[int, float, float] | None:
+        """The declared initializer's compiled values for this key (the spec's: the same for every pull)."""
+        return None if self.spec is None else self.spec.initializer.compiled_fill(self.spec.seed, self.key)
+
+    @functools.cached_property
+    def _place_new_rows(self) -> Callable | None:
+        """``RowTable.ensure``'s compiled routine for this key's new rows (``_fast.c`` ``ensure_rows`` with the row
+        size and :meth:`initial_rows`' values as the compiled loop's ``(key_state, span, low)``: zero for a key that
+        is not declared, else the initializer's ``compiled_fill``), or None when the loop cannot make them."""
+        fill = (0, 0.0, 0.0) if self.spec is None else self._compiled_fill
+        return None if fill is None else functools.partial(native.ensure_rows, 4 * self.row_size, fill)
+
+    # -- the table's layout
+
+    def use_master_copy(self) -> None:
+        """kSetMultiPrecision: the rows move to a float32 table."""
+        if self.dtype != np.float32 and self._table.dtype != np.float32:
+            rows = self._table.export()
+            rows["states"] = [s.astype(np.float32) for s in rows["states"]]
+            self._table = self._new_table(np.float32, self.num_states, rows, self._table.buckets)
+            self._relayout_disk()
+            self._rebuilt = True
+
+    def reset_states(self, optimizer: Optimizer) -> None:
+        self._table.set_num_states(optimizer.num_states())
+        self._relayout_disk()
+        self._rebuilt = True         # every row's states changed (their number too): snapshot the whole key
+
+    # -- rows and optimizer states, for worker checkpoints (state_transfer)
+
+    def row_ids(self) -> np.ndarray:
+        """The global ids of the rows that exist (in memory or on disk), ascending."""
+        ids = self._table.row_ids()
+        if self.disk is not None and len(self.disk):
+            ids = np.concatenate([ids, self.disk.store.row_ids()])
+        return np.sort(ids)
+
+    def state_rows(self, row_ids: np.ndarray, index: int) -> np.ndarray:
+        """Optimizer state `index` of existing rows `row_ids`, (rows, row size)."""
+        if index >= self.num_states:
+            raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
+        slots = self._table.lookup(row_ids)
+        present = slots >= 0
+        if self.disk is not None and not present.all():      # read from disk, not promoted (a listing)
+            absent = row_ids[~present]
+            if not self.disk.contains(absent).all():
+                raise KeyError(f"a listed row of key {self.key} no longer exists")
+            out = np.empty((len(row_ids), self.row_size), self._table.dtype)
+            out[present] = self._table.states(slots[present])[index]
+            out[~present] = self.disk.read(absent)["states"][index]
+            return out
+        if not present.all():
+            raise KeyError(f"a listed row of key {self.key} no longer exists")
+        return self._table.states(slots)[index]
+
+    def set_state_rows(self, row_ids: np.ndarray, index: int, values: np.ndarray) -> None:
+        """Write optimizer state `index` of rows `row_ids` (created with their initial values if absent)."""
+        if index >= self.num_states:
+            raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
+        slots = self._slots_for(row_ids)
+        states = self._table.states(slots)
+        states[index] = values.reshape(len(row_ids), self.row_size).astype(self._table.dtype)
+        self._table.set_states(slots, states)
