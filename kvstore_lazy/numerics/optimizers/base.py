@@ -55,7 +55,7 @@ class _Scratch:
         return (_Scratch, ())
 
 
-# Optimizers. Instances are only created by unpickling; the state is mxnet's __dict__.
+# the fields of every optimizer and their rules (each subclass adds its own _rules)
 _BASE_RULES: dict[str, Rule] = {
     'rescale_grad': _finite, 'wd': _finite, 'clip_gradient': _optional(_finite),
     'begin_num_update': _count, 'num_update': _count,
