@@ -34,9 +34,22 @@ $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt -c requirements.txt
 	touch $(BENCH_STAMP)
 
-test: venv lint $(BENCH_STAMP) k8s-deps
+test: venv lint docs $(BENCH_STAMP) k8s-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster" tests
 	$(MAKE) test-server-python
+
+# MkDocs and the Material theme for `make docs`, pinned exactly in docs/requirements.txt
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): docs/requirements.txt $(STAMP)
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+# The manual (docs/ and mkdocs.yml) into build/site; --strict: a broken link or anchor, a page missing
+# from the nav or a nav entry without its page fails the build (`make test` runs it). Open build/site/index.html.
+.PHONY: docs
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f mkdocs.yml -d build/site
 
 $(LINT_STAMP): requirements-lint.txt $(STAMP)
 	$(PY) -m pip install --quiet -r requirements-lint.txt
