@@ -159,3 +159,9 @@ clean:
 
 bench-quick: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --quick
+
+# Opt-in, not part of `make test`: a real Prometheus (Debian's package, installed if missing) scrapes a small real
+# job on 127.0.0.1 and every query of docker/grafana/kvstore-lazy.json must return data (scripts/prometheus_check.py).
+.PHONY: check-dashboard
+check-dashboard: venv
+	timeout 900 $(PY) scripts/prometheus_check.py
