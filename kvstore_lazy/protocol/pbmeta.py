@@ -424,6 +424,22 @@ _META_DEFAULTS = {"head": 0, "body": b"", "control": None, "request": False, "pu
 assert list(_META_DEFAULTS) == [f.name for f in dataclasses.fields(Meta)]
 
 
+def _packed_int32s(buf: bytes, pos: int, stop: int, out: list[int]) -> int:
+    """Append the varints of buf[pos:stop] (a packed repeated int32) to `out`; the position after them, or -1 if
+    the last one runs past `stop`."""
+    while pos < stop:
+        item = buf[pos]
+        if item >= 0x80:
+            item, pos = _read_varint(buf, pos)
+            if pos > stop:
+                return -1
+            out.append(_int32(item))
+        else:
+            pos += 1
+            out.append(item)
+    return pos
+
+
 def _decode_meta_fast(buf: bytes) -> Meta | None:
     """The Meta of `buf`, or None if it is not in the common shape (then _decode_meta_slow decides)."""
     entries = _VARINT_ENTRY
@@ -449,22 +465,11 @@ def _decode_meta_fast(buf: bytes) -> Meta | None:
                 values[entry[0]] = bool(value) if entry[1] is _SMALL_BOOLS else _int32(value)
         elif key == 0x4A:  # packed data_type
             size = buf[pos + 1]
-            if size >= 0x80:
+            if size >= 0x80 or pos + 2 + size > end:
                 return None
-            pos += 2
-            stop = pos + size
-            if stop > end:
+            pos = _packed_int32s(buf, pos + 2, pos + 2 + size, data_type)
+            if pos < 0:
                 return None
-            while pos < stop:
-                item = buf[pos]
-                if item >= 0x80:
-                    item, pos = _read_varint(buf, pos)
-                    if pos > stop:
-                        return None
-                    data_type.append(_int32(item))
-                else:
-                    pos += 1
-                    data_type.append(item)
         elif key == 0x1A or key == 0x12:  # control, body
             size = buf[pos + 1]
             if size < 0x80:
