@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from cluster import ROOT
-from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import atomic, sidecar
 from kvstore_lazy.persist import ndfile
 from kvstore_lazy.numerics.initializers import parse_initializer
 from kvstore_lazy.worker import save_ndarrays, save_rows
@@ -66,16 +66,16 @@ def leftovers(directory):
 
 def test_failed_save_leaves_the_previous_file_and_no_temp_file(tmp_path):
     path = tmp_path / "f.params"
-    checkpoint.atomic_write(path, lambda fh: fh.write(b"old"))
+    atomic.atomic_write(path, lambda fh: fh.write(b"old"))
 
     def fail(fh):
         fh.write(b"half of the new")
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.atomic_write(path, fail)
+        atomic.atomic_write(path, fail)
     assert path.read_bytes() == b"old" and leftovers(tmp_path) == []
-    checkpoint.atomic_write(path, lambda fh: fh.write(b"new"))
+    atomic.atomic_write(path, lambda fh: fh.write(b"new"))
     assert path.read_bytes() == b"new" and leftovers(tmp_path) == []
 
 
@@ -164,7 +164,7 @@ def test_save_ndarrays_waits_for_pending_writes_to_its_arrays(tmp_path):
     assert header_storage_shape(path) == (3, DIM)
     mx.nd.save(str(settled), arrays)
     assert path.read_bytes() == settled.read_bytes()
-    assert checkpoint.lazy_params(path) == {"arg:emb": spec()}
+    assert sidecar.lazy_params(path) == {"arg:emb": spec()}
     np.testing.assert_array_equal(mx.nd.load(str(path))["arg:emb"].data.asnumpy(), values)
 
 
@@ -180,7 +180,7 @@ class GluonNet(mx.gluon.Block):
 
 def test_sidecar_keeps_every_stock_reader_working_an_extra_entry_would_not(tmp_path):
     ids, values = lazy_file(tmp_path / "job-0001.params")
-    assert checkpoint.lazy_params(tmp_path / "job-0001.params") == {"arg:emb": spec()}
+    assert sidecar.lazy_params(tmp_path / "job-0001.params") == {"arg:emb": spec()}
     loaded = mx.nd.load(str(tmp_path / "job-0001.params"))
     assert sorted(loaded) == ["arg:bias", "arg:emb"]
     np.testing.assert_array_equal(loaded["arg:emb"].indices.asnumpy(), ids)
@@ -220,33 +220,33 @@ def test_a_crash_before_the_rename_leaves_a_matching_pair(tmp_path, monkeypatch)
         lazy_file(path, seed=2, ids=(1, 2, 3, 4))
     monkeypatch.setattr(os, "replace", real_replace)
     assert path.read_bytes() == before and leftovers(tmp_path) == []
-    versions = json.loads(checkpoint.sidecar_path(path).read_text())["versions"]
+    versions = json.loads(sidecar.sidecar_path(path).read_text())["versions"]
     assert [v["params"]["arg:emb"]["seed"] for v in versions] == [2, 1]   # the new one, and the file's
-    assert checkpoint.lazy_params(path)["arg:emb"]["seed"] == 1
+    assert sidecar.lazy_params(path)["arg:emb"]["seed"] == 1
     lazy_file(path, seed=3)
-    assert checkpoint.lazy_params(path)["arg:emb"]["seed"] == 3
+    assert sidecar.lazy_params(path)["arg:emb"]["seed"] == 3
 
 
 def test_a_sidecar_is_never_applied_to_another_file(tmp_path):
     path = tmp_path / "s.params"
     lazy_file(path)
     mx.nd.save(str(path), dict(mx.nd.load(str(path)), **{"arg:bias": mx.nd.array([3.0])}))   # rewritten by stock code
-    with pytest.raises(checkpoint.CheckpointError, match="does not describe"):
-        checkpoint.lazy_params(path)
+    with pytest.raises(sidecar.CheckpointError, match="does not describe"):
+        sidecar.lazy_params(path)
 
     lazy_file(path)
-    side = checkpoint.sidecar_path(path)
+    side = sidecar.sidecar_path(path)
     doc = json.loads(side.read_text())
     doc["versions"][0]["params"]["arg:emb"]["rows"] = 2000
     side.write_text(json.dumps(doc))
-    with pytest.raises(checkpoint.CheckpointError, match=r"'arg:emb' is row_sparse \(1000, 3\) float32, its sidecar "
+    with pytest.raises(sidecar.CheckpointError, match=r"'arg:emb' is row_sparse \(1000, 3\) float32, its sidecar "
                                                          r"says row_sparse \(2000, 3\)"):
-        checkpoint.lazy_params(path)
+        sidecar.lazy_params(path)
     side.write_text("{not json")
-    with pytest.raises(checkpoint.CheckpointError, match="unreadable"):
-        checkpoint.lazy_params(path)
+    with pytest.raises(sidecar.CheckpointError, match="unreadable"):
+        sidecar.lazy_params(path)
     save_rows(str(path), {"emb": ((ROWS, DIM), [1], np.ones((1, DIM), np.float32))})   # no specs: a stock file
-    assert not side.exists() and checkpoint.lazy_params(path) is None
+    assert not side.exists() and sidecar.lazy_params(path) is None
 
 
 def test_save_rows_refuses_specs_that_do_not_fit_and_writes_nothing(tmp_path):
@@ -283,7 +283,7 @@ def test_densify_all_rows(tmp_path):
     dst = {e.name: e for e in ndfile.read_index(tmp_path / "out.params")}["arg:bias"]
     assert (tmp_path / "in.params").read_bytes()[src.start:src.end] == \
         (tmp_path / "out.params").read_bytes()[dst.start:dst.end]
-    assert not checkpoint.sidecar_path(tmp_path / "out.params").exists()   # a plain stock file
+    assert not sidecar.sidecar_path(tmp_path / "out.params").exists()   # a plain stock file
 
 
 def test_densify_requested_rows_keeps_a_lazy_checkpoint(tmp_path):
@@ -297,7 +297,7 @@ def test_densify_requested_rows_keeps_a_lazy_checkpoint(tmp_path):
     np.testing.assert_array_equal(out.data.asnumpy()[[1, 2]], initial([5, 7]))
     np.testing.assert_array_equal(out.data.asnumpy()[[0, 3, 4]], values)
     # the other rows are still absent, so the output has a sidecar: densifying it gives what densifying the input does
-    assert checkpoint.lazy_params(tmp_path / "some.params") == {"arg:emb": spec()}
+    assert sidecar.lazy_params(tmp_path / "some.params") == {"arg:emb": spec()}
     assert densify(tmp_path / "some.params", tmp_path / "all-a.params").returncode == 0
     assert densify(tmp_path / "in.params", tmp_path / "all-b.params").returncode == 0
     assert (tmp_path / "all-a.params").read_bytes() == (tmp_path / "all-b.params").read_bytes()
@@ -322,8 +322,8 @@ def test_densify_bad_input_one_error_line_nonzero_exit_nothing_written(tmp_path,
         rows.unlink()
     if case == "not-ndarray":
         (tmp_path / "in.params").write_bytes(b"garbage")
-        (tmp_path / "in.params.lazy.json").write_text(json.dumps({"format": checkpoint.SIDECAR_FORMAT, "versions": [
-            {"sha256": checkpoint._file_digest(tmp_path / "in.params")[0], "bytes": 7, "params": {}}]}))
+        (tmp_path / "in.params.lazy.json").write_text(json.dumps({"format": sidecar.SIDECAR_FORMAT, "versions": [
+            {"sha256": atomic.file_digest(tmp_path / "in.params")[0], "bytes": 7, "params": {}}]}))
     src = {"missing": tmp_path / "missing.params", "stock": tmp_path / "stock.params"}.get(case, tmp_path / "in.params")
     dst = src if case == "same" else tmp_path / "out" / "out.params"
     before = sorted(p.name for p in tmp_path.iterdir())

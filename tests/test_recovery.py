@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import snapshots
 from kvstore_lazy.persist import journal
 from kvstore_lazy.node import membership
 from kvstore_lazy.protocol import mxnet as mx
@@ -191,7 +191,7 @@ def test_whole_job_restarts_from_its_last_checkpoint(tmp_path, reference):
                          at_step=25)
     assert first.code == 128 + 9, first.log[-4000:]
     assert faultjob.processes_left(first.job) == []
-    tag = checkpoint.common_tag(out / "snap", 2)
+    tag = snapshots.common_tag(out / "snap", 2)
     assert tag["step"] in (20, 30) and tag["step"] <= first.fault_step
     second = faultjob.run(faultjob.make_job(out, resume=True, checkpoint_every=10, log_name="job2.log"), out)
     assert second.code == 0, second.log[-6000:]

@@ -1,4 +1,4 @@
-"""Incremental server snapshots (checkpoint.SnapshotChain, load_snapshot): a base plus deltas of only the rows that
+"""Incremental server snapshots (snapshots.SnapshotChain, load_snapshot): a base plus deltas of only the rows that
 changed, tombstones for removed rows, compaction, and a loader that refuses a gap, a stale or a corrupted delta.
 A server restored from base + deltas equals the server that wrote them (its public inspection, pending rounds
 aside), including lifecycle state (columns, pending ids, counters)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fakepeer import WORKER0, WORKER1, Requests
-from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import snapshots
 from kvstore_lazy.server.core import KVServer
 from kvstore_lazy.server.lifecycle import Settings
 from test_lifecycle import KEY, server, streams, sync_round
@@ -19,7 +19,7 @@ from test_server import Peer
 
 
 def chain_writer(tmp_path, max_deltas=8, compact_ratio=1.0):
-    return checkpoint.SnapshotChain(tmp_path, 0, 1, max_deltas, compact_ratio)
+    return snapshots.SnapshotChain(tmp_path, 0, 1, max_deltas, compact_ratio)
 
 
 def write(chain, peer, full=False):
@@ -31,7 +31,7 @@ def write(chain, peer, full=False):
 
 
 def restored(tmp_path, settings):
-    loaded = checkpoint.load_snapshot(tmp_path, 0)
+    loaded = snapshots.load_snapshot(tmp_path, 0)
     fresh = KVServer(0, 1, 2, lifecycle=settings)
     fresh.restore(json.loads(json.dumps(loaded.manifest["server"])), loaded.tables)
     return fresh, loaded
@@ -126,8 +126,8 @@ def chain_on_disk(tmp_path, run):
 def test_a_missing_delta_is_refused(chain_on_disk):
     rank, deltas = chain_on_disk
     shutil.rmtree(rank / deltas[0])
-    with pytest.raises(checkpoint.SnapshotError, match=f"delta {int(deltas[0][6:])} is missing"):
-        checkpoint.load_snapshot(rank.parent, 0)
+    with pytest.raises(snapshots.SnapshotError, match=f"delta {int(deltas[0][6:])} is missing"):
+        snapshots.load_snapshot(rank.parent, 0)
 
 
 def test_a_corrupted_delta_is_refused(chain_on_disk):
@@ -136,8 +136,8 @@ def test_a_corrupted_delta_is_refused(chain_on_disk):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    with pytest.raises(checkpoint.SnapshotError, match="corrupted"):
-        checkpoint.load_snapshot(rank.parent, 0)
+    with pytest.raises(snapshots.SnapshotError, match="corrupted"):
+        snapshots.load_snapshot(rank.parent, 0)
 
 
 def test_a_stale_delta_is_refused(tmp_path, chain_on_disk):
@@ -145,14 +145,14 @@ def test_a_stale_delta_is_refused(tmp_path, chain_on_disk):
     # a delta left from another chain (an earlier run) in the place of the first one
     other = tmp_path / "other"
     peer, workers = server(settings=SETTINGS, admit_min_count=2)
-    chain = checkpoint.SnapshotChain(other, 0, 1)
+    chain = snapshots.SnapshotChain(other, 0, 1)
     for step in range(2):
         sync_round(peer, workers, [[step], [step + 1]], step)
         write(chain, peer)
     shutil.rmtree(rank / deltas[0])
     shutil.copytree(other / "rank0" / "delta-000001", rank / deltas[0])
-    with pytest.raises(checkpoint.SnapshotError, match="stale delta"):
-        checkpoint.load_snapshot(rank.parent, 0)
+    with pytest.raises(snapshots.SnapshotError, match="stale delta"):
+        snapshots.load_snapshot(rank.parent, 0)
 
 
 def test_a_rewritten_predecessor_is_refused(chain_on_disk):
@@ -161,5 +161,5 @@ def test_a_rewritten_predecessor_is_refused(chain_on_disk):
     body = json.loads(manifest.read_text())
     body["server"]["sync_mode"] = body["server"]["sync_mode"]     # same content, other bytes
     manifest.write_text(json.dumps(body))
-    with pytest.raises(checkpoint.SnapshotError, match="does not follow its predecessor"):
-        checkpoint.load_snapshot(rank.parent, 0)
+    with pytest.raises(snapshots.SnapshotError, match="does not follow its predecessor"):
+        snapshots.load_snapshot(rank.parent, 0)

@@ -211,6 +211,7 @@ class Journal:
         return _RECORD.pack(b"A", len(body)) + body
 
     def _write(self, data: bytes) -> None:
+        assert self._fd is not None, "a write after close"
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)

@@ -50,8 +50,9 @@ DEFAULT, ROW_SPARSE, CSR = 0, 1, 2
 STYPES = {DEFAULT: "default", ROW_SPARSE: "row_sparse", CSR: "csr"}
 CPU = (1, 0)
 # mshadow type flags (mshadow/base.h) <-> numpy
-DTYPES = {0: np.dtype("float32"), 1: np.dtype("float64"), 2: np.dtype("float16"), 3: np.dtype("uint8"),
-          4: np.dtype("int32"), 5: np.dtype("int8"), 6: np.dtype("int64"), 7: np.dtype("bool")}
+DTYPES: dict[int, np.dtype] = {
+    0: np.dtype("float32"), 1: np.dtype("float64"), 2: np.dtype("float16"), 3: np.dtype("uint8"), 4: np.dtype("int32"),
+    5: np.dtype("int8"), 6: np.dtype("int64"), 7: np.dtype("bool")}
 FLAGS = {dtype: flag for flag, dtype in DTYPES.items()}
 _U32, _I32, _U64 = struct.Struct("<I"), struct.Struct("<i"), struct.Struct("<Q")
 
@@ -188,7 +189,7 @@ def read_index(path: str | os.PathLike) -> list[Entry]:
     return entries
 
 
-def _memmap(path, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+def _memmap(path, dtype: np.dtype | None, offset: int, count: int) -> np.ndarray:
     if count == 0:
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
@@ -231,14 +232,15 @@ class Writer:
     Chunks are written as they come; their sizes must add up to what the header announced (checked)."""
 
     def __init__(self, fh: BinaryIO, count: int):
-        self.fh, self.count, self.names = fh, int(count), []
+        self.fh, self.count = fh, int(count)
+        self.names: list[str] = []
         fh.write(_U64.pack(LIST_MAGIC) + _U64.pack(0) + _U64.pack(self.count))
 
     def _chunks(self, name: str, what: str, chunks: Iterable[np.ndarray], dtype: np.dtype, count: int) -> None:
         written = 0
         for chunk in chunks:
             chunk = np.ascontiguousarray(chunk, dtype=dtype)
-            self.fh.write(memoryview(chunk.reshape(-1)).cast("B"))
+            self.fh.write(chunk.reshape(-1).data.cast("B"))
             written += chunk.size
         if written != count:
             raise NDFileError(f"{name}: {written} {what} written, the header says {count}")
