@@ -2,7 +2,7 @@
 
 Issue 11: stock ps-lite takes any ``ps<id>`` identity from anyone. Here the scheduler's ADD_NODE reply is validated
 into a Roster (this job's ids and roles, addresses a DEALER can connect to) and every received message passes
-trust.Gate: the allow-list, a known id other than the server's own, the address the scheduler announced for it,
+trust.Admission: the allow-list, a known id other than the server's own, the address the scheduler announced for it,
 and what that role may send. The real-socket side (Peer-Address, the whole server process) is in
 tests/test_transport.py and tests/test_trust_live.py.
 """
@@ -16,7 +16,7 @@ from kvstore_lazy.node import membership
 from kvstore_lazy.node.membership import MembershipError, Roster, check_address
 from kvstore_lazy.protocol.pbmeta import (ACK, ADD_NODE, BARRIER, EMPTY, HEARTBEAT, SCHEDULER, SERVER, TERMINATE,
                                           WORKER, Control, Meta, Node)
-from kvstore_lazy.node.trust import Gate, LogLimiter, TrustError, parse_allow, what
+from kvstore_lazy.node.trust import Admission, LogLimiter, TrustError, parse_allow, what
 
 IP = ipaddress.ip_address
 
@@ -109,8 +109,8 @@ def resolve(host: str) -> set[str]:
     return names.get(host, {host})
 
 
-def gate(**kw) -> Gate:
-    g = Gate(resolve=resolve, local=frozenset({IP("10.0.0.2")}), own=frozenset({IP("10.0.0.2")}), **kw)
+def gate(**kw) -> Admission:
+    g = Admission(resolve=resolve, local=frozenset({IP("10.0.0.2")}), own=frozenset({IP("10.0.0.2")}), **kw)
     assert g.expect_scheduler("10.0.0.1") is None
     return g
 
@@ -190,7 +190,7 @@ def test_allow_list():
     refused = g.set_roster(roster(nodes), 8)
     assert list(refused) == [11] and "10.9.9.9 is outside KVSTORE_LAZY_ALLOW" in refused[11]
     assert "outside KVSTORE_LAZY_ALLOW" in g.refusal(11, "10.9.9.9", request())
-    g = Gate(resolve=resolve, allow=parse_allow("192.168.0.0/16"))
+    g = Admission(resolve=resolve, allow=parse_allow("192.168.0.0/16"))
     assert "outside KVSTORE_LAZY_ALLOW" in g.expect_scheduler("10.0.0.1")
 
 

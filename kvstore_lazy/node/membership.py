@@ -40,6 +40,17 @@ def id_to_rank(node_id: int) -> int:
 ROLE_NAMES = {SERVER: "server", WORKER: "worker", SCHEDULER: "scheduler"}
 
 
+def node_name(node_id: int) -> str:
+    """A node as log lines name it; the same words as ``server.core.node_name`` (the server's log lines), which
+    cannot import this module (the server knows nothing of membership)."""
+    if node_id == EMPTY:
+        return "an unidentified node"
+    if node_id == SCHEDULER_ID:
+        return "the scheduler"
+    role = "server" if node_id % 2 == 0 else "worker"
+    return f"{role} {id_to_rank(node_id)} (node {node_id})"
+
+
 class MembershipError(ValueError):
     """A node list from the scheduler this server cannot use; the message names the node and the reason."""
 

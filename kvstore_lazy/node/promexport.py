@@ -293,6 +293,11 @@ class Exporter:
             counter = CounterMetricFamily(PREFIX + name, doc)
             counter.add_metric([], value)
             yield counter
+        yield from self._snapshot_families(pub)
+
+    @staticmethod
+    def _snapshot_families(pub: Any) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
         hist = HistogramMetricFamily(PREFIX + "snapshot_duration_seconds", "Time to write a server snapshot, by "
                                      "kind (latest: <dir>/rank<r>; tagged: <dir>/tagged/rank<r>).", labels=["kind"])

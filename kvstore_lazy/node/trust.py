@@ -1,8 +1,9 @@
 """Who may send this server what, and from where: the check every received message passes before anything reads
-it (issue 11).
+it (issue 11). ``Admission`` is the check (it was called ``Gate``; ``server.resume.ResumeGate`` is another thing:
+what a resumed job's kv.init pushes may change).
 
 Owns: the network allow-list (``KVSTORE_LAZY_ALLOW``), which addresses a node of the job may send from, which
-messages each role may send a server, and rate-limited logging of what is refused. Sans-IO: the runtime passes in
+messages each role may send a server, and rate-limited logging of what is refused. Sans-IO: ``guard`` passes in
 the sender id (from the identity frame), the TCP address ZeroMQ received the message from, the decoded meta, the
 job's :class:`~kvstore_lazy.node.membership.Roster`, and a resolver for host names.
 Does not own: what a request means (``server``) or the sockets (``transport``).
@@ -80,9 +81,9 @@ def what(meta: Meta) -> str:
 
 
 @dataclass
-class Gate:
-    """The checks above for one server. `resolve` maps a host name to its addresses (socket.getaddrinfo in the
-    runtime); `local` is this machine's own addresses, `own` the ones this server announced."""
+class Admission:
+    """The checks above for one server. `resolve` maps a host name to its addresses (socket.getaddrinfo in
+    ``guard``); `local` is this machine's own addresses, `own` the ones this server announced."""
 
     allow: tuple[Network, ...] = ()
     check_address: bool = True
@@ -191,7 +192,7 @@ class Gate:
 
 
 _UNJUDGED = object()
-JUDGED_MAX = 4096      # verdicts a Gate keeps per table (peers send from a handful of addresses)
+JUDGED_MAX = 4096      # verdicts an Admission keeps per table (peers send from a handful of addresses)
 
 
 def _judged(table: dict, key, judge: Callable[..., Any], *args: Any) -> Any:
