@@ -23,6 +23,8 @@ from test_promexport import Fed, scrape, trained
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docker" / "grafana" / "kvstore-lazy.json"
+GUIDE = ROOT / "docs" / "guides" / "metrics.md"
+SERIES_SUFFIXES = ("_bucket", "_count", "_sum", "_created")
 # PromQL words that are not metric names
 FUNCTIONS = {"rate", "sum", "by", "histogram_quantile", "time", "le", "kind", "key", "instance", "job"}
 IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -85,6 +87,14 @@ def scraped(tmp_path):
 def test_every_metric_a_panel_queries_is_exported(scraped):
     missing = {name: sorted(titles) for name, titles in queried().items() if name not in scraped}
     assert not missing, f"panels query metrics the exporter does not emit: {missing}"
+
+
+def test_the_guide_explains_every_metric_the_exporter_emits(scraped):
+    guide = GUIDE.read_text()
+    families = {re.sub("|".join(s + "$" for s in SERIES_SUFFIXES), "", name) for name in scraped
+                if name.startswith("kvstore_lazy_")}
+    unexplained = sorted(name for name in families if f"`{name}`" not in guide)
+    assert not unexplained, f"metrics docs/guides/metrics.md does not explain: {unexplained}"
 
 
 def test_the_dashboard_covers_what_operators_watch():
