@@ -4,6 +4,7 @@ the reference codec in tests/test_protocol.py, beside the Python fast path.)"""
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 
 import numpy as np
@@ -170,11 +171,38 @@ def test_row_lens_is_the_numpy_check(lens, row):
 def test_a_stale_build_is_refused(tmp_path, monkeypatch):
     source = tmp_path / "_fast.c"
     source.write_text("/* another _fast.c */\n")
-    monkeypatch.setattr(fast, "SOURCE", source)
+    monkeypatch.setattr(fast, "SOURCES", (source,))
     with pytest.raises(fast.FastLoadError, match="built from another _fast.c"):
         fast.load()
     monkeypatch.undo()
     assert importlib.reload(fast).native.digest() == native.digest()
+
+
+def test_the_module_was_built_from_every_source_beside_it():
+    """The digest covers every unit and header (setup.py's digest, written out), so a build older than any one of
+    them is refused; and the protocol's compiled code holds no socket code (ZeroMQ's calls are transport/'s)."""
+    digest = hashlib.sha256()
+    for path in sorted(fast.SOURCES, key=lambda p: p.name):
+        data = path.read_bytes()
+        digest.update(path.name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    assert native.digest() == digest.hexdigest()
+    beside = {p.name for p in fast.SOURCE.parent.glob("*.[ch]")}
+    assert beside == {p.name for p in fast.SOURCES} and fast.SOURCE in fast.SOURCES
+    assert not any("zmq_" in p.read_text() for p in fast.SOURCES)
+    assert not any(hasattr(native, name) for name in ("set_zmq", "recv_message", "send_message"))
+
+
+@pytest.mark.parametrize("name", [p.name for p in fast.SOURCES])
+def test_a_build_older_than_any_one_of_its_units_is_refused(tmp_path, monkeypatch, name):
+    sources = [tmp_path / p.name for p in fast.SOURCES]
+    for original, copy in zip(fast.SOURCES, sources):
+        copy.write_bytes(original.read_bytes())
+    monkeypatch.setattr(fast, "SOURCES", tuple(sources))
+    assert fast.load() is native
+    changed = tmp_path / name
+    changed.write_bytes(changed.read_bytes() + b"\n")
+    with pytest.raises(fast.FastLoadError, match="built from another _fast.c or another of its units"):
+        fast.load()
 
 
 # -- parse_float32: optimizers' dmlc::ParseFloat<float> (the Python steps are the reference)

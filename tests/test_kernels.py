@@ -20,28 +20,63 @@ from hypothesis import strategies as st
 from kvstore_lazy.store import kernels
 
 
-def test_the_library_was_built_from_the_source_beside_it():
+def sources_sha256(paths) -> str:
+    """setup.py's digest, written out: SHA-256 over the files in name order, each as name NUL length NUL bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        data = path.read_bytes()
+        digest.update(path.name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return digest.hexdigest()
+
+
+def test_the_library_was_built_from_the_sources_beside_it():
     assert kernels.LIBRARY.parent == kernels.SOURCE.parent and kernels.LIBRARY.name == "_kernels.so"
-    assert kernels._lib.kernels_digest().decode() == hashlib.sha256(kernels.SOURCE.read_bytes()).hexdigest()
+    assert kernels._lib.kernels_digest().decode() == sources_sha256(kernels.SOURCES)
     assert all(hasattr(kernels._lib, name) for name in kernels._SIGNATURES)
+    # every C unit and header beside the loader is one of the library's sources (none left out of the digest)
+    beside = {p.name for p in kernels.SOURCE.parent.glob("*.[ch]")}
+    assert beside == {p.name for p in kernels.SOURCES} and kernels.SOURCE in kernels.SOURCES
+
+
+def copy_sources(tmp_path):
+    sources = [tmp_path / p.name for p in kernels.SOURCES]
+    for original, copy in zip(kernels.SOURCES, sources):
+        shutil.copy(original, copy)
+    return sources
 
 
 def test_missing_broken_or_stale_libraries_are_refused_saying_how_to_rebuild(tmp_path):
-    library, source = tmp_path / "_kernels.so", tmp_path / "kernels.c"
+    library = tmp_path / "_kernels.so"
     shutil.copy(kernels.LIBRARY, library)
-    shutil.copy(kernels.SOURCE, source)
-    assert kernels.load(library, source).kernels_digest() == kernels._lib.kernels_digest()
-    assert kernels.load(library, tmp_path / "absent.c")                 # no source beside it: nothing to check
+    sources = copy_sources(tmp_path)
+    source = sources[0]
+    assert kernels.load(library, sources).kernels_digest() == kernels._lib.kernels_digest()
+    assert kernels.load(library, [tmp_path / "absent.c"])               # no source beside it: nothing to check
     source.write_text(source.read_text() + "\n/* changed */\n")
     with pytest.raises(kernels.KernelLoadError, match=r"built from another kernels\.c .*pip install"):
-        kernels.load(library, source)
+        kernels.load(library, sources)
     with pytest.raises(kernels.KernelLoadError, match=r"absent\.so are missing: .*pip install"):
-        kernels.load(tmp_path / "absent.so", source)
+        kernels.load(tmp_path / "absent.so", sources)
     (tmp_path / "junk.so").write_bytes(b"not a library")
     with pytest.raises(kernels.KernelLoadError, match=r"cannot load .*junk\.so"):
-        kernels.load(tmp_path / "junk.so", source)
+        kernels.load(tmp_path / "junk.so", sources)
     with pytest.raises(kernels.KernelLoadError, match="cannot load .*index_lookup_i32"):
-        kernels.load(Path(_ctypes.__file__), source)                   # a shared library, but not ours
+        kernels.load(Path(_ctypes.__file__), sources)                   # a shared library, but not ours
+
+
+@pytest.mark.parametrize("name", [p.name for p in kernels.SOURCES])
+def test_a_build_older_than_any_one_of_its_sources_is_refused(tmp_path, name):
+    library = tmp_path / "_kernels.so"
+    shutil.copy(kernels.LIBRARY, library)
+    sources = copy_sources(tmp_path)
+    assert kernels.load(library, sources)
+    changed = tmp_path / name
+    changed.write_bytes(changed.read_bytes() + b"\n")
+    with pytest.raises(kernels.KernelLoadError, match=r"built from another kernels\.c or another of its units"):
+        kernels.load(library, sources)
+    changed.unlink()                                                    # one of several missing: not the build
+    with pytest.raises(kernels.KernelLoadError, match=r"built from another kernels\.c"):
+        kernels.load(library, sources)
 
 
 def reference_merge(ids_a, vals_a, ids_b, vals_b):

@@ -6,7 +6,7 @@
   past the limit it is dropped, logged once, and the other peers keep being served;
 - an address ZeroMQ refuses leaves nothing open, so closing the van cannot hang in context.term();
 - a watched DEALER's link goes down when the peer's process closes its socket;
-- messages received and sent whole by the compiled path (``_fast.recv_message``/``send_message``) are the ones
+- messages received and sent whole by the compiled path (``_zmqmsg.recv_message``/``send_message``) are the ones
   pyzmq's per-part calls give: every test runs with both (``whole``).
 Every receive and wait has a deadline.
 """

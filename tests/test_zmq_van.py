@@ -73,3 +73,24 @@ def test_a_queued_message_is_taken_with_no_wait(pair):
             return
         time.sleep(0.001)
     raise AssertionError("the queued message never came with timeout 0")
+
+
+def test_the_whole_message_calls_are_the_transports_own_build(tmp_path, monkeypatch):
+    """transport/_zmqmsg.so is built from the _zmqmsg.c beside it (setup.py's digest, written out) and refused when
+    that source changed; protocol/'s compiled module has none of its calls."""
+    import hashlib
+
+    from kvstore_lazy.protocol.fast import native
+    from kvstore_lazy.transport import zmq_van
+
+    (source,) = zmq_van.ZMQMSG_SOURCES
+    data = source.read_bytes()
+    want = hashlib.sha256(source.name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data).hexdigest()
+    assert zmq_van.zmqmsg.digest() == want
+    assert {p.name for p in source.parent.glob("*.[ch]")} == {source.name}
+    assert not any(hasattr(native, name) for name in ("set_zmq", "recv_message", "send_message"))
+    stale = tmp_path / source.name
+    stale.write_bytes(data + b"\n")
+    monkeypatch.setattr(zmq_van, "ZMQMSG_SOURCES", (stale,))
+    with pytest.raises(zmq_van.ZmqMsgLoadError, match=r"built from another _zmqmsg\.c .*pip install"):
+        zmq_van._load_zmqmsg()

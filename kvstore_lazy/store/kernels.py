@@ -1,5 +1,6 @@
-"""Compiled inner loops for the row store and the SGD/Adam updates: ``kernels.c``, compiled at install time and
-called through ctypes.
+"""Compiled inner loops for the row store, the disk tier and the SGD/Adam updates: ``kernels.c`` and the units it
+lists (``kernels_index.c``, ``kernels_rows.c``, ``kernels_optim.c``, ``kernels_normal.c``, ``kernels_io.c``,
+``kernels_records.c``, ``kernels.h``), compiled at install time into one library called through ctypes.
 
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
 rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of two
@@ -8,22 +9,28 @@ follows the numpy reference in :mod:`kvstore_lazy.numerics.optimizers` operation
 built so
 that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths against MXNet).
 
-Building. ``setup.py`` compiles ``kernels.c`` into ``_kernels.so`` beside this file when the package is installed
+Building. ``setup.py`` compiles the units into ``_kernels.so`` beside this file when the package is installed
 (``pip install .``, ``pip wheel .``; in place for ``pip install -e .``, which ``make venv`` runs), so the server
 runs from a read-only site-packages with no C compiler. Nothing is compiled at import: a missing library, or one
-built from another ``kernels.c`` (the library returns the SHA-256 of its source, checked against the file beside
-it), is a :class:`KernelLoadError` saying how to rebuild. A C library loaded with ctypes costs the server no memory
-to speak of (a JIT such as numba would add over 100 MB to every server's RSS).
+built from other sources (the library returns the SHA-256 of all its sources, :func:`sources_digest`, checked
+against the files beside it: a change to any one unit or header refuses an older build), is a
+:class:`KernelLoadError` saying how to rebuild. A C library loaded with ctypes costs the server no memory to speak
+of (a JIT such as numba would add over 100 MB to every server's RSS).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-SOURCE = Path(__file__).with_name("kernels.c")
+SOURCE = Path(__file__).with_name("kernels.c")     # the library's first unit (it lists the others)
+# every source of the library, as setup.py names them: the digest the library records is theirs
+SOURCES = tuple(SOURCE.with_name(name) for name in (
+    "kernels.c", "kernels.h", "kernels_index.c", "kernels_rows.c", "kernels_optim.c", "kernels_normal.c",
+    "kernels_io.c", "kernels_records.c"))
 LIBRARY = Path(__file__).with_name("_kernels.so")
 REBUILD = "`pip install .` builds it (in a source checkout: `make venv`, or `pip install -e .`)"
 
@@ -58,12 +65,24 @@ _RESTYPES = {"merge_rows_f32": _i64, "count_values_i32": _i64, "kernels_digest":
 
 
 class KernelLoadError(ImportError):
-    """The compiled kernels are missing, cannot be loaded, or were built from another kernels.c."""
+    """The compiled kernels are missing, cannot be loaded, or were built from other sources than those beside
+    them."""
 
 
-def load(library: Path = LIBRARY, source: Path = SOURCE) -> ctypes.CDLL:
-    """The compiled library with its function signatures set, after checking it was built from ``source`` (when
-    that file exists: it is installed beside this module, and is there in a source checkout)."""
+def sources_digest(sources: Iterable[Path]) -> str:
+    """setup.py's digest of a library's sources: SHA-256 over the files in the order of their names, each as its
+    name, a NUL, its length in decimal, a NUL and its bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(sources, key=lambda p: p.name):
+        data = path.read_bytes()
+        digest.update(b"%s\0%d\0" % (path.name.encode(), len(data)) + data)
+    return digest.hexdigest()
+
+
+def load(library: Path = LIBRARY, sources: Sequence[Path] = SOURCES) -> ctypes.CDLL:
+    """The compiled library with its function signatures set, after checking it was built from ``sources`` (when
+    they exist: they are installed beside this module, and are there in a source checkout; one missing of several
+    is a mismatch)."""
     if not library.exists():
         raise KernelLoadError(f"kvstore_lazy's compiled kernels {library} are missing: {REBUILD}")
     try:
@@ -73,11 +92,13 @@ def load(library: Path = LIBRARY, source: Path = SOURCE) -> ctypes.CDLL:
             fn.argtypes, fn.restype = argtypes, _RESTYPES.get(name)
     except (OSError, AttributeError) as exc:
         raise KernelLoadError(f"cannot load kvstore_lazy's compiled kernels {library} ({exc}): {REBUILD}") from None
-    if source.exists():
-        built, want = lib.kernels_digest().decode(), hashlib.sha256(source.read_bytes()).hexdigest()
-        if built != want:
-            raise KernelLoadError(f"{library} was built from another {source.name} (sha256 {built[:12]}..., the "
-                                  f"source beside it is {want[:12]}...): rebuild it; {REBUILD}")
+    present = [path for path in sources if path.exists()]
+    if present:
+        built, want = lib.kernels_digest().decode(), sources_digest(present)
+        if built != want or len(present) < len(sources):
+            raise KernelLoadError(f"{library} was built from another kernels.c or another of its units "
+                                  f"({', '.join(path.name for path in sources)}: sha256 {built[:12]}..., the "
+                                  f"sources beside it are {want[:12]}...): rebuild it; {REBUILD}")
     return lib
 
 
@@ -280,7 +301,7 @@ def uring_available() -> bool:
 
 
 def record_checks(words: np.ndarray, mult: np.ndarray, locs: np.ndarray) -> np.ndarray:
-    """uint32 check of each row of ``words`` ((n, nwords) uint32, C-contiguous): see kernels.c."""
+    """uint32 check of each row of ``words`` ((n, nwords) uint32, C-contiguous): see kernels_records.c."""
     words = np.ascontiguousarray(words, np.uint32)
     mult, locs = np.ascontiguousarray(mult, np.uint64), np.ascontiguousarray(locs, np.uint32)
     if words.ndim != 2 or mult.shape != (words.shape[1],) or locs.shape != (words.shape[0],):
@@ -367,4 +388,5 @@ def move_rows(array: np.ndarray, dst, src) -> None:
 
 
 if __name__ == "__main__":
-    print(f"kvstore_lazy kernels: {LIBRARY} (built from kernels.c sha256 {_lib.kernels_digest().decode()[:12]}...)")
+    print(f"kvstore_lazy kernels: {LIBRARY} (built from kernels.c and its units, sha256 "
+          f"{_lib.kernels_digest().decode()[:12]}...)")

@@ -17,8 +17,8 @@ Beyond ps-lite (issue 11):
   :attr:`dropped` names it; every other peer keeps being served.
 - Every received message comes with the TCP address it came from (ZeroMQ's ``Peer-Address`` message property), so
   the caller can check it against the address the scheduler announced for the node the identity names.
-- Messages are received and sent whole, one C call each (``protocol/_fast.c`` ``recv_message``/``send_message`` on
-  the libzmq pyzmq loaded, see :func:`native_zmq`), where pyzmq costs a Python call and a Frame per part: a 256-row
+- Messages are received and sent whole, one C call each (``transport/_zmqmsg.c`` ``recv_message``/``send_message``
+  on the libzmq pyzmq loaded, see :func:`native_zmq`), where pyzmq costs a Python call and a Frame per part: a 256-row
   pull is received in 5.6 us of CPU instead of 16.1 (``scripts/bench_workers/van_recv.py``). Large parts are still
   received without a copy and sent through pyzmq's zero-copy path.
 - :meth:`watch` follows a DEALER's connection with a socket monitor: :meth:`link` says whether it is up, and since
@@ -35,11 +35,13 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from kvstore_lazy.protocol.fast import native
+from kvstore_lazy.protocol.fast import REBUILD, refuse_stale
 from kvstore_lazy.protocol.message import Message
 
 log = logging.getLogger(__name__)
@@ -52,16 +54,39 @@ _NOBLOCK_MORE = _NOBLOCK | _SNDMORE
 # the backend's send: pyzmq's Socket.send wrapper only adds routing_id/group handling (DRAFT sockets), a Python call
 # per frame of every reply
 _send_frame = zmq.backend.Socket.send
-_recv_message, _send_message = native.recv_message, native.send_message
 QUEUE_MESSAGES = 10_000          # default per-peer limits of messages waiting beyond ZeroMQ's own queue (SNDHWM)
 QUEUE_BYTES = 1 << 30
+
+
+ZMQMSG_SOURCES = (Path(__file__).with_name("_zmqmsg.c"),)   # as setup.py names them
+
+
+class ZmqMsgLoadError(ImportError):
+    """The compiled whole-message calls (_zmqmsg.so) are missing, cannot be imported, or were built from another
+    _zmqmsg.c."""
+
+
+def _load_zmqmsg() -> ModuleType:
+    """The compiled whole-message calls, refused if built from other sources than the ones beside this file (the
+    check of the protocol's fast path: ``protocol.fast.refuse_stale``)."""
+    try:
+        from kvstore_lazy.transport import _zmqmsg
+    except ImportError as exc:
+        raise ZmqMsgLoadError(f"kvstore_lazy's compiled ZeroMQ calls (kvstore_lazy/transport/_zmqmsg.so) cannot be "
+                              f"imported ({exc}): {REBUILD}") from None
+    refuse_stale(_zmqmsg, ZMQMSG_SOURCES, ZmqMsgLoadError)
+    return _zmqmsg
+
+
+zmqmsg = _load_zmqmsg()
+_recv_message, _send_message = zmqmsg.recv_message, zmqmsg.send_message
 
 
 _LIBZMQ_FUNCTIONS = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_close", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
                      "zmq_msg_gets", "zmq_send")
 @functools.cache      # once per process
 def native_zmq() -> bool:
-    """Whether messages can be received and sent whole by ``_fast.recv_message``/``send_message`` (one C call per
+    """Whether messages can be received and sent whole by ``_zmqmsg.recv_message``/``send_message`` (one C call per
     message instead of pyzmq's calls per part): their functions must come from the very libzmq pyzmq loaded (its
     wheel's own copy; a socket of one copy must never meet the functions of another), found as the one libzmq this
     process maps, opened RTLD_NOLOAD (only if already loaded) and checked by its version. Anywhere that does not
@@ -76,7 +101,7 @@ def native_zmq() -> bool:
         lib.zmq_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
         if (major.value, minor.value, patch.value) != zmq.zmq_version_info():
             return False
-        native.set_zmq(*(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _LIBZMQ_FUNCTIONS))
+        zmqmsg.set_zmq(*(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _LIBZMQ_FUNCTIONS))
     except (OSError, AttributeError, ValueError):
         return False
     return True
@@ -344,7 +369,7 @@ class ZmqVan:
         """The next message if one is queued, without waiting."""
         if self.whole:
             try:
-                got = _recv_message(self.receiver.underlying, ZERO_COPY_MIN, not self.local)
+                got = _recv_message(self.receiver.underlying, ZERO_COPY_MIN, not self.local)  # type: ignore[union-attr]
             except OSError as exc:
                 raise zmq.ZMQError(exc.errno) from None
             if got is None:
@@ -353,7 +378,7 @@ class ZmqVan:
             self._unpolled += 1
             self.bytes_received += size
             return frames
-        recv = self.receiver.recv
+        recv = self.receiver.recv  # type: ignore[union-attr]   # bound: recv is called after bind
         try:
             frame = recv(_NOBLOCK, copy=False)
         except zmq.Again:   # nothing queued (or readable, then not)
@@ -364,9 +389,9 @@ class ZmqVan:
         size = len(frames[0])
         while frame.more:   # the parts of one message arrive together: NOBLOCK never waits here
             frame = recv(_NOBLOCK, copy=False)
-            n = len(frame)
+            n = len(frame)  # type: ignore[arg-type]   # pyzmq's stubs give Frame no __len__
             size += n
-            frames.append(frame.bytes if n < ZERO_COPY_MIN else memoryview(frame))
+            frames.append(frame.bytes if n < ZERO_COPY_MIN else memoryview(frame))  # type: ignore[arg-type]
         self.bytes_received += size
         self.last_peer = None if self.local else _peer_address(frame)
         return frames
@@ -397,6 +422,6 @@ class ZmqVan:
 
 def _peer_address(frame: zmq.Frame) -> str | None:
     try:
-        return frame.get("Peer-Address")
+        return frame.get("Peer-Address")  # type: ignore[arg-type, return-value]   # a property by name (stubs: int)
     except (zmq.ZMQError, AttributeError):   # not a TCP connection
         return None

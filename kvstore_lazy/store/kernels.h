@@ -1,0 +1,31 @@
+/* What every unit of the kernels library (_kernels.so) shares: the headers, the row store's hash, and the prefetch
+ * distance.
+ *
+ * Owns: nothing that is called; macros and static inline helpers only, so no call crosses a unit.
+ * Does not own: any kernel (kernels.c lists the units). Every unit includes this header first, so each is compiled
+ * with the same feature macros and headers the library had as one file.
+ */
+#ifndef KVSTORE_LAZY_KERNELS_H
+#define KVSTORE_LAZY_KERNELS_H
+
+#define _POSIX_C_SOURCE 200809L  /* pread under -std=c99 */
+#define _DEFAULT_SOURCE          /* syscall, MAP_POPULATE (the io_uring reads) */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+/* RowIndex's hash of a row id to its home bucket (protocol/_fast_rows.c home_bucket is the same: tests compare) */
+#define MULT 0xBF58476D1CE4E5B9ULL
+
+static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id >> 31) ^ id) * MULT) >> shift); }
+
+/* The rows and buckets a kernel touches lie at random places of tables larger than the caches, each a miss: a
+ * kernel asks for the ones PREFETCH iterations ahead (a row's first cache line: the hardware prefetcher follows a
+ * longer row), so the misses overlap instead of following one another. A prefetch changes no result. */
+#define PREFETCH 8
+#define PREFETCH_ROW(base, slots, i, n, cols) \
+    do { if ((i) + PREFETCH < (n)) __builtin_prefetch((base) + (slots)[(i) + PREFETCH] * (cols), 1); } while (0)
+
+#endif
