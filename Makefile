@@ -25,7 +25,8 @@ $(STAMP): requirements.txt pyproject.toml setup.py
 	$(PY) -c "import mxnet, numpy, zmq; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__, 'zmq', zmq.zmq_version())"
 	touch $(STAMP)
 
-$(KERNELS): kvstore_lazy/store/kernels.c kvstore_lazy/protocol/_fast.c $(STAMP)
+$(KERNELS): $(wildcard kvstore_lazy/store/kernels*.[ch] kvstore_lazy/protocol/_fast*.[ch] \
+            kvstore_lazy/transport/_zmqmsg*.[ch]) $(STAMP)
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m kvstore_lazy.store.kernels
 	touch $(KERNELS)
