@@ -112,8 +112,8 @@ def _quiet_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def capture(entry: Callable[..., object]) -> argparse.ArgumentParser:
-    """The parser `entry` (a ``main(argv)``) parses its arguments with; nothing after the parse runs."""
+def capture(entry: Callable[..., object], argv: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """The parser `entry` (a ``main(argv)``) parses ``argv + --help`` with; nothing after the parse runs."""
     original = argparse.ArgumentParser.parse_known_args
 
     def grab(self, args=None, namespace=None):
@@ -122,7 +122,7 @@ def capture(entry: Callable[..., object]) -> argparse.ArgumentParser:
     argparse.ArgumentParser.parse_known_args = grab  # type: ignore[method-assign]
     try:
         with _quiet_environment():
-            entry(["--help"])
+            entry([*argv, "--help"])
     except _Captured as got:
         return got.parser
     finally:
@@ -213,17 +213,23 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
     return out
 
 
-def parser_section(parser: argparse.ArgumentParser, level: int = 2, title: str | None = None,
-                   summary: str = "") -> list[str]:
-    """A heading, the usage line, the description and the options of `parser`, then each subcommand's."""
+def parser_section(parser: argparse.ArgumentParser, level: int = 2, title: str | None = None, summary: str = "",
+                   entry: Callable[..., object] | None = None, path: tuple[str, ...] = ()) -> list[str]:
+    """A heading, the usage line, the description and the options of `parser`, then each subcommand's. With the
+    `entry` that built it, a subcommand that hands its arguments to a parser of its own (``kvstore-lazy launch``)
+    is shown with that parser."""
     lines = ["#" * level + f" `{title or parser.prog}`", "", "```text", parser.format_usage().strip(), "```", ""]
     text = parser.description or summary
     if text:
         lines += [" ".join(text.split()), ""]
     table = _options_table(parser)
     lines += table + ([""] if table else [])
-    for _, sub_summary, sub in _subcommands(parser):
-        lines += parser_section(sub, level + 1, sub.prog, sub_summary)
+    for name, sub_summary, sub in _subcommands(parser):
+        own = capture(entry, (*path, name)) if entry is not None else None
+        if own is None or own.prog == parser.prog:   # argparse's own subparser: it is the one that parses
+            lines += parser_section(sub, level + 1, sub.prog, sub_summary)
+        else:
+            lines += parser_section(own, level + 1, own.prog, sub_summary, entry, (*path, name))
     return lines
 
 
@@ -240,13 +246,15 @@ def _cli_page() -> str:
              "## Console scripts", "",
              "Installed by `pip install kvstore-lazy` (pyproject.toml's `[project.scripts]`).", ""]
     for command, target in console_scripts():
-        lines += parser_section(capture(_resolve(target)), 3, command)
+        entry = _resolve(target)
+        lines += parser_section(capture(entry), 3, command, entry=entry)
     lines += ["## The launcher", "",
               "Starts a whole job (scheduler, servers, workers) on this machine, over ssh or in network namespaces; "
               "the worker command comes last.", ""]
     lines += parser_section(launcher_parser(), 3)
     lines += ["## The checkpoint tool", ""]
-    lines += parser_section(capture(_resolve("kvstore_lazy.persist.checkpoint:main")), 3)
+    tool = _resolve("kvstore_lazy.persist.checkpoint:main")
+    lines += parser_section(capture(tool), 3, entry=tool)
     text = "\n".join(lines)
     return text.replace(sys.executable, "python3")
 
