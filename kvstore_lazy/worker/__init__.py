@@ -29,7 +29,7 @@ from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
 
 __all__ = ["init_lazy", "declare", "declared", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
-           "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
+           "snapshot", "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
 
 _str_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, list[str]]" = weakref.WeakKeyDictionary()
 # per KVStore: virtual key -> the key to use for it (itself on an int-key KVStore, an alias name on a string-key one)
@@ -141,6 +141,14 @@ def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed:
 def stats(kv: "mx.kv.KVStore") -> None:
     """Ask every server to log its per-key row counts and bytes now (they also do on a timer and at exit)."""
     kv._send_command_to_servers(proto.LAZY_STATS, "")
+
+
+def snapshot(kv: "mx.kv.KVStore", tag=None) -> None:
+    """Ask every server to write a tagged snapshot now (``<KVSTORE_LAZY_SNAPSHOT_DIR>/tagged/rank<r>``), before it
+    answers: a whole job restarted later resumes from it (``KVSTORE_LAZY_RESUME=auto``). `tag` (JSON-serialisable,
+    e.g. ``{"step": 40}``) is kept in the snapshot and logged. Call it between steps (after ``mx.nd.waitall()`` and a
+    barrier in dist_sync), so that no round is half-way."""
+    kv._send_command_to_servers(proto.LAZY_SNAPSHOT, "" if tag is None else json.dumps(tag))
 
 
 def _num_servers() -> int:
@@ -290,8 +298,8 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
     shape = tuple(int(d) for d in shape)
     headers = _query(kv, key)
     kinds = {h.kind for h in headers} - {0}
-    result: dict[str, Any] = {"counts": [h.update_count for h in headers], "num_update": [h.num_update for h in headers],
-              "states": []}
+    result: dict[str, Any] = {"counts": [h.update_count for h in headers],
+                              "num_update": [h.num_update for h in headers], "states": []}
     num_states = max((h.num_states for h in headers), default=0)
     if not kinds:
         return dict(result, kind="absent")

@@ -161,7 +161,8 @@ def loaded(fname, arrays):
 
 def _save_states(kv, fname: str, params) -> None:
     """`params`: (name, kv key, shape, dtype) of every parameter the kvstore holds."""
-    meta: dict[str, Any] = {"format": STATES_FORMAT, "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "1")), "params": {}}
+    meta: dict[str, Any] = {"format": STATES_FORMAT, "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
+                            "params": {}}
     arrays = {}
     for name, key, shape, dtype in params:
         got = worker.fetch_states(kv, key, shape, dtype)

@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from common import save  # noqa: E402
 from kvstore_lazy.protocol import mxnet as proto  # noqa: E402
-from kvstore_lazy.worker import init_lazy, stats  # noqa: E402
+from kvstore_lazy.worker import init_lazy, snapshot, stats  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -54,7 +54,7 @@ mx.nd.waitall()          # every push answered: the servers applied every round
 kv._barrier()
 if rank == 0:
     kv._send_command_to_servers(proto.LAZY_DECLARE, "not json")   # a bad command: each server counts one
-    kv._send_command_to_servers(proto.LAZY_SNAPSHOT, '{"step": %d}' % args.steps)
+    snapshot(kv, {"step": args.steps})   # LAZY_SNAPSHOT: each server writes tagged/rank<r>
     stats(kv)            # each server logs "stats: {json}", its LAZY_STATS reply
     open(args.out + ".ready", "w").close()
     deadline = time.monotonic() + args.hold
