@@ -457,7 +457,7 @@ def test_handed_over_records_are_read_after_their_write_and_a_failed_write_is_a_
     import errno
     import threading
 
-    from kvstore_lazy.store import segments
+    from kvstore_lazy.store.disk import writer as segments      # (the writer thread: _pwrite_file, DiskError)
     store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64)
     ids = np.arange(100, 150, dtype=np.uint64)
     release = threading.Event()

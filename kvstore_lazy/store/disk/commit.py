@@ -1,0 +1,114 @@
+"""Durability: the commit of a store (its index file) and the loading of the last commit.
+
+Owns: ``store.json`` written once and read back (:func:`write_layout`, :func:`read_layout`), :func:`commit` (into
+the store's own directory, or into another one for a server snapshot) and :func:`load_index` with the checks of a
+committed store (every segment it lists there and of full size, every location in a listed segment, no row twice).
+Does not own: the file names and the atomic replacement (:mod:`.files`) or the records' checks (:mod:`.verify`).
+
+The index file is the commit point: :func:`commit` fsyncs the segments written since the last commit, then writes
+``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened again holds exactly
+what the last commit held; records appended after it are unreferenced garbage (and segment files made after it
+are deleted at the open). A segment a compaction emptied is deleted at once, unless this directory's committed
+index refers to it (then at the next commit). A commit into another directory (``into``, for a server snapshot)
+hard-links the segment files instead of copying them (a snapshot holding a segment keeps its own link when the
+store deletes it): appends only ever write past the committed fill, and ``rewrite`` writes in place only into a
+segment no other directory links (``st_nlink`` 1); one a snapshot shares gets the records appended anew
+(copy-on-write). A record written in place is sealed again for its location, so a torn write is a failed check,
+never wrong values (and the live directory is never what a restart recovers from: the snapshot is).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kvstore_lazy.store.disk import index as disk_index
+from kvstore_lazy.store.disk.errors import DiskError, SegmentError
+from kvstore_lazy.store.disk.files import INDEX_FILE, SEGMENT_GLOB, STORE_FILE, atomic_write, fsync_path, link_or_copy
+from kvstore_lazy.store.disk.layout import FORMAT
+from kvstore_lazy.store.disk.state import StoreState
+
+
+def write_layout(store: StoreState) -> None:
+    atomic_write(store.path / STORE_FILE, json.dumps(store.layout.to_json(store.rows)).encode())
+
+
+def read_layout(path: Path) -> dict:
+    """The ``store.json`` of the store in ``path`` (SegmentError if it is not one of ours; the caller turns other
+    errors into one)."""
+    layout = json.loads((path / STORE_FILE).read_text())
+    if layout.get("format") != FORMAT:
+        raise SegmentError(f"{path / STORE_FILE}: not a {FORMAT} store (format {layout.get('format')!r})")
+    return layout
+
+
+def load_index(store: StoreState, verify: bool) -> None:
+    """Load the committed index into a store just made (empty), checking it against the segment files."""
+    where = store.path / INDEX_FILE
+    try:
+        with np.load(where, allow_pickle=False) as z:
+            ids, locs = z["ids"].astype(np.uint64), z["locs"].astype(np.uint32)
+            meta = json.loads(bytes(z["meta"]).decode())
+    except (OSError, ValueError, KeyError) as exc:
+        raise SegmentError(f"{where}: cannot read the index: {exc}") from None
+    store._next_number = int(meta["next_number"])
+    segments = {int(slot): (str(name), int(fill)) for slot, name, fill in meta["segments"]}
+    store._active = None if meta["active"] is None else int(meta["active"])
+    store._live = np.zeros(max(segments, default=-1) + 1, np.int64)
+    nbytes = store.layout.segment_bytes
+    for slot, (name, fill) in segments.items():
+        file = store.path / name
+        size = file.stat().st_size if file.exists() else -1
+        if size != nbytes:
+            what = "is missing" if size < 0 else f"has {size} bytes, not {nbytes}"
+            raise SegmentError(f"segment {file} {what}: the store is damaged")
+        store._names[slot], store._fill[slot] = name, fill
+    store._committed = set(store._names.values())
+    for file in store.path.glob(SEGMENT_GLOB):     # made after the last commit: garbage
+        if file.name not in store._names.values():
+            file.unlink()
+    if len(ids):
+        slots = (locs >> np.uint32(store._shift)).astype(np.int64)
+        if not np.isin(slots, list(segments)).all():
+            raise SegmentError(f"{where}: refers to segments it does not list")
+        store._live += np.bincount(slots, minlength=len(store._live))
+        if len(np.unique(ids)) != len(ids):
+            raise SegmentError(f"{where}: the index lists a row twice")
+        try:
+            store._index = disk_index.new_index(store.rows, len(ids))
+            index, _ = disk_index.place(store._index, ids)
+        except ValueError as exc:
+            raise SegmentError(f"{where}: {exc}") from None
+        store._index.arrays()[0][index, 0] = locs
+    if verify:
+        store.verify()
+
+
+def commit(store: StoreState, into=None) -> None:
+    """Make what is stored now durable: fsync the segments written since the last commit, then write the index
+    atomically. With ``into`` (another directory on the same file system, which must not exist), the committed
+    store goes there instead, its segments hard-linked (this store's own commit is unchanged)."""
+    store._writer.settle()
+    try:
+        live = set(store._names.values())
+        for name in sorted(store._dirty & live):
+            fsync_path(store.path / name)
+        store._dirty.clear()
+        ids, locs = disk_index.items(store._index)
+        meta = {"next_number": store._next_number, "active": store._active,
+                "segments": [[slot, store._names[slot], store._fill[slot]] for slot in sorted(store._names)]}
+        target = store.path if into is None else Path(into)
+        if into is not None:
+            target.mkdir(parents=True)
+            for name in [store._names[s] for s in sorted(store._names)] + [STORE_FILE]:
+                link_or_copy(store.path / name, target / name)
+        atomic_write(target / INDEX_FILE, lambda f: np.savez(
+            f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
+        if into is None:
+            store._committed = set(store._names.values())
+            for name in store._retired:
+                (store.path / name).unlink(missing_ok=True)
+            store._retired = []
+    except OSError as exc:
+        raise DiskError(exc.errno, f"disk tier {store.path}: commit failed: {exc.strerror or exc}") from exc
