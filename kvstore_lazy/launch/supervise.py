@@ -16,12 +16,24 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvstore_lazy.launch.process import Node, describe_status
+from kvstore_lazy.launch.ranks import RankDiscovery
 
-if TYPE_CHECKING:
-    from kvstore_lazy.launch.job import Job
+
+class Job(Protocol):
+    """What the loop uses of :class:`kvstore_lazy.launch.job.Job` (which imports this module)."""
+    t0: float
+    nodes: list[Node]
+    ranks: RankDiscovery
+    restart_servers: int
+    finish_grace: float
+
+    def stop(self) -> None: ...
+    def say(self, line: str) -> None: ...
+    def restart(self, node: Node) -> Node: ...
+    def _event(self, kind: str, node: Node, detail: str) -> None: ...
 
 POLL = 0.05
 ABORT_JUDGE_WAIT = 5.0          # s to wait, after a node aborts, for signs that the job had already finished
