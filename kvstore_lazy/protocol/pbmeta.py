@@ -444,7 +444,8 @@ def _decode_meta_fast(buf: bytes) -> Meta | None:
     """The Meta of `buf`, or None if it is not in the common shape (then _decode_meta_slow decides)."""
     entries = _VARINT_ENTRY
     values = _META_DEFAULTS.copy()
-    values["data_type"] = data_type = []
+    data_type: list[int] = []
+    values["data_type"] = data_type
     control_parts = None
     end = len(buf)
     pos = 0
