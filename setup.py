@@ -32,6 +32,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
 STORE, PROTOCOL, TRANSPORT = "kvstore_lazy/store", "kvstore_lazy/protocol", "kvstore_lazy/transport"
@@ -83,9 +84,23 @@ class InterpreterIndependentWheel(bdist_wheel):
         return ("py3", "none", super().get_tag()[2])
 
 
+class BuildPyWithPatches(build_py):
+    """The mxnet patches (the checkout's top-level patches/*.diff) go into the wheel as
+    kvstore_lazy/worker/patches/, where ``kvstore-lazy patch`` (kvstore_lazy.worker.patch) reads them when
+    installed; MANIFEST.in puts them in the sdist."""
+
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib) / "kvstore_lazy" / "worker" / "patches"
+        self.mkpath(str(target))
+        for diff in sorted((ROOT / "patches").glob("*.diff")):
+            self.copy_file(str(diff), str(target / diff.name))
+
+
 setup(
     ext_modules=[extension("kvstore_lazy.store._kernels", "KERNELS_DIGEST", libraries=["m"]),
                  extension("kvstore_lazy.protocol._fast", "FAST_DIGEST"),
                  extension("kvstore_lazy.transport._zmqmsg", "ZMQMSG_DIGEST")],
-    cmdclass={"build_ext": BuildPlainLibrary, "bdist_wheel": InterpreterIndependentWheel},
+    cmdclass={"build_ext": BuildPlainLibrary, "build_py": BuildPyWithPatches,
+              "bdist_wheel": InterpreterIndependentWheel},
 )

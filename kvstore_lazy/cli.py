@@ -4,8 +4,9 @@
 Owns: the list of commands, the server's options (each one an environment variable's spelling), and the readiness
 probe's exit status. Each command delegates to the room that does the work: ``server`` to kvstore_lazy.node.runtime,
 ``launch`` to kvstore_lazy.launch, ``densify`` and ``inspect`` to kvstore_lazy.persist.densify, ``ready`` to
-kvstore_lazy.node.placement. Those are imported only when their command runs: a server process does not load the
-launcher or the checkpoint tools, and ``densify`` never imports mxnet.
+kvstore_lazy.node.placement, ``patch`` to kvstore_lazy.worker.patch. Those are imported only when their command runs:
+a server process does not load the launcher or the checkpoint tools, and neither ``densify`` nor ``patch`` imports
+mxnet.
 """
 from __future__ import annotations
 
@@ -113,6 +114,12 @@ def _inspect(argv: list[str], prog: str) -> int:
     return inspect_main(argv, prog=prog)
 
 
+def _patch(argv: list[str], prog: str) -> int:
+    from kvstore_lazy.worker.patch import main as patch_main
+
+    return patch_main(argv, prog=prog)
+
+
 # name -> (one line of help, the command: (arguments after its name, prog) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[list[str], str], int]]] = {
     "server": ("run a kvstore_lazy parameter server (a drop-in for a stock MXNet server)", server_main),
@@ -121,6 +128,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str], str], int]]] = {
                 _densify),
     "inspect": ("print what a checkpoint file (and its sidecar) or a server snapshot directory holds", _inspect),
     "ready": ("exit 0 if the server writing a status file is alive and serving (a readiness probe)", ready_main),
+    "patch": ("apply (--check, --revert) the Gluon/Module patches to this Python's mxnet 1.9.1 (for KVSTORE_LAZY=1)",
+              _patch),
 }
 
 

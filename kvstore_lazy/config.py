@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["ConfigError", "Variable", "VARIABLES", "BY_NAME", "PREFIX", "read", "boolean", "integer", "number",
-           "choice", "unknown", "unknown_warnings", "summary", "c_atoi", "atoi_flag", "flag"]
+           "choice", "check", "unknown", "unknown_warnings", "summary", "c_atoi", "atoi_flag", "flag"]
 
 PREFIX = "KVSTORE_LAZY_"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -52,7 +52,14 @@ VARIABLES: tuple[Variable, ...] = (
        "The switch of the patched mxnet: on, the Gluon/Module hooks declare row_sparse weights lazily and a "
        "`DMLC_ROLE=server` process becomes a kvstore_lazy server; off, mxnet is stock."),
     _v("KVSTORE_LAZY_SEED", "int", "0", "worker",
-       "Seed of the lazy initial values: a row's initial value is a pure function of (seed, key, row id)."),
+       "Seed of the lazy initial values: a row's initial value is a pure function of (seed, key, row id). An "
+       "integer from -2**63 to 2**64-1, read when the first hook runs (the first `initialize()`)."),
+    _v("KVSTORE_LAZY_SERVERS", "choice", "lazy", "worker",
+       "What serves the job the workers of the patched mxnet are in: `lazy` (kvstore_lazy servers: row_sparse "
+       "weights are declared lazily) or `stock` (MXNet's own servers: the workers ship full row_sparse weights "
+       "holding the values lazy servers would have computed, so the two runs can be compared loss for loss). "
+       "`python -m kvstore_lazy.launch --server stock` sets it for workers that have the switch on.",
+       ("lazy", "stock")),
     # --- the server: requests and rows
     _v("KVSTORE_LAZY_MATERIALIZE", "choice", "push", "server",
        "When a lazy row is stored: `push` (only on its first push; a pull of an absent row is answered with its "
@@ -190,7 +197,9 @@ def boolean(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raise _refuse(name, text, "use 1/0, true/false, yes/no or on/off")
 
 
-def integer(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
+def integer(env: Mapping[str, str], name: str, default: int, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    """A decimal integer (`minimum` and `maximum` inclusive); unset or empty: `default`."""
     text = _text(env, name)
     if text is None:
         return default
@@ -200,6 +209,8 @@ def integer(env: Mapping[str, str], name: str, default: int, minimum: int | None
         raise _refuse(name, text, "not an integer") from None
     if minimum is not None and value < minimum:
         raise _refuse(name, text, f"must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise _refuse(name, text, f"must be at most {maximum}")
     return value
 
 
@@ -244,6 +255,15 @@ def read(env: Mapping[str, str], name: str):
     if var.kind == "choice":
         return choice(env, name)
     return _text(env, name) or ""
+
+
+def check(env: Mapping[str, str], reader: str) -> None:
+    """Read every variable `reader` reads whose kind this module can check (bool, int, float, seconds, choice):
+    the first bad value raises its ConfigError. What a process checks at start before it does anything else (the
+    launcher, for the settings it passes to its nodes)."""
+    for var in VARIABLES:
+        if reader in var.readers and var.kind in ("bool", "int", "float", "seconds", "choice"):
+            read(env, var.name)
 
 
 def unknown(env: Mapping[str, str]) -> list[tuple[str, str | None]]:

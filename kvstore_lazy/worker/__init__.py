@@ -6,7 +6,9 @@ the rows that exist and the optimizer states (:func:`fetch_rows`, :func:`fetch_s
 their sidecar (what each lazy key was declared with: :func:`declared`, ``kvstore_lazy.persist.checkpoint``). It uses
 only what a
 stock worker can do (``KVStore._send_command_to_servers``, ``kv.init``, pushes and pulls), so mxnet needs no
-rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet.
+rebuild. This module and ``integration`` (what the mxnet patches call) are the only ones that import mxnet; this one
+imports it on first use, so that ``python -m kvstore_lazy.worker.patch`` (which edits mxnet's files, and must work
+on an mxnet that cannot be imported) does not import it through its package.
 
 String keys: MXNet maps a string key to the int it sends to servers in the order each process first inits string
 keys (KVStoreLocal::Init and ::Broadcast, ``next_str_key_``). To declare a string key the worker must know that int,
@@ -16,17 +18,28 @@ virtual keys through string keys that :func:`register_virtual_keys` names to the
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mxnet as mx
 import numpy as np
 
 from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.protocol.kv import KIND_DENSE, KIND_ROW_SPARSE, RowsHeader
+
+if TYPE_CHECKING:
+    import mxnet as mx
+else:
+    class _MXNet:
+        """mxnet, imported when first used (see the module's docstring)."""
+
+        def __getattr__(self, name: str):
+            return getattr(importlib.import_module("mxnet"), name)
+
+    mx = _MXNet()
 
 __all__ = ["init_lazy", "declare", "declared", "track", "key_id", "lazy_spec_body", "fetch_rows", "save_rows", "stats",
            "snapshot", "register_virtual_keys", "fetch_states", "restore_states", "save_ndarrays"]
