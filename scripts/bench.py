@@ -27,12 +27,18 @@ Scenarios (--scenarios, default all):
               admit_min_count 2 / both: rows stored, server RSS over time (and lifecycle_rss.png), last-interval
               loss against the unbounded run, share of ids seen once; a run with snapshots every second measures
               a delta snapshot of a step touching 1% of the rows against a full one.
+  saturation  one server under N = 1, 2, 4, 8, 16 simulated workers (scripts/bench_workers/loadgen_job.py: one
+              low-CPU pyzmq process, each worker its own identity registered through the stock scheduler, sending
+              what stock workers send), row_sparse pull + push of B = 512 and 8192 Zipf rows (D=32, SGD momentum),
+              dist_sync and dist_async, ours and stock in the same run: closed-loop rows/s, server cores, server
+              CPU per row, p50/p99 step latency; open-loop latency against offered load and its knee (p99
+              doubled); the numpy row-gather limit of the machine in the same table; saturation_latency_B*.png.
 
-Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lifecycle_rss.png, and every job's
-log under <out>/runs/.
+Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lifecycle_rss.png,
+<out>/saturation_latency_B<B>.png, and every job's log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
-    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered]
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered,saturation]
                             [--out bench-results] [--profile] [--no-stock] [--verbose] [--report-only]
 
 --quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01), plus the lifecycle
@@ -42,7 +48,8 @@ scenario's 5 (~40 s on 2026-12-01); the default (full) preset ~6 minutes on the 
 for a stock worker building a (1e7, 64) weight. --report-only rebuilds the tables, JSON and plots from the job
 records a run left in --out. The tiered scenario (the disk tier) takes ~30 s with --quick and ~10 minutes full (3
 Zipf pairs), and writes ~14 GB of segments under --out in its full scale run (checked against the free space first;
-deleted after).
+deleted after). The saturation scenario takes under 2 minutes with --quick (N = 1 and 8: 8 jobs) and ~10 minutes
+full (20 jobs).
 scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
 sockets), steady enough for an optimisation's before/after.
 """
@@ -71,7 +78,9 @@ WORKERS = ROOT / "scripts" / "bench_workers"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(WORKERS))
 
+import gather_limit  # noqa: E402
 import plots  # noqa: E402
+import saturation_report  # noqa: E402
 from common import DriftingCTR, read_results, row_stream  # noqa: E402
 from kvstore_lazy.launch import SERVER_PREFIX, Job, LineSink  # noqa: E402
 from kvstore_lazy.node.procstats import RssSampler  # noqa: E402
@@ -81,7 +90,7 @@ MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered", "saturation")
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -101,6 +110,9 @@ PRESETS = {
                       "budget": "8MiB", "snapshot_interval": 1, "probe_wait": 2.5, "env": {}},
         "tiered": {"dim": 32, "batch": 8192, "scale_rows": 2_000_000, "scale_input_dim": 4_000_000,
                    "scale_budget": "128MiB", "zipf_budget": "16MiB", "zipf_steps": 40},
+        "saturation": {"workers": [1, 8], "batches": [512, 8192], "modes": ["dist_sync", "dist_async"],
+                       "input_dim": 1_000_000, "dim": 32, "warmup": 0.3, "closed": 1.0, "open": 0.6,
+                       "levels": [0.1, 0.5, 0.8, 1.0], "dense_seconds": 0.5, "timeout": 120},
         "timeout": 240,
     },
     "full": {
@@ -121,6 +133,9 @@ PRESETS = {
         # 50M rows of D=32 SGD momentum under 1 GiB (~14 GB of segments: checked against df first)
         "tiered": {"dim": 32, "batch": 8192, "scale_rows": 50_000_000, "scale_input_dim": 60_000_000,
                    "scale_budget": "1GiB", "zipf_budget": "256MiB", "zipf_steps": 120, "zipf_repeats": 3},
+        "saturation": {"workers": [1, 2, 4, 8, 16], "batches": [512, 8192], "modes": ["dist_sync", "dist_async"],
+                       "input_dim": 1_000_000, "dim": 32, "warmup": 0.5, "closed": 2.0, "open": 1.2,
+                       "levels": [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0], "dense_seconds": 1.0, "timeout": 240},
         "timeout": 1800,
     },
 }
@@ -1318,6 +1333,63 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 8: saturation (N simulated workers against one server)
+
+def saturation_argv(c: dict, impl: str, mode: str) -> list[str]:
+    return worker("loadgen_job.py") + [
+        "--server", impl, "--mode", mode, "--input-dim", str(c["input_dim"]), "--dim", str(c["dim"]),
+        "--batches", ",".join(map(str, c["batches"])), "--warmup-seconds", str(c["warmup"]),
+        "--closed-seconds", str(c["closed"]), "--open-seconds", str(c["open"]),
+        "--levels", ",".join(map(str, c["levels"])), "--dense-seconds", str(c["dense_seconds"])]
+
+
+def scenario_saturation(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["saturation"]
+    gather = gather_limit.measure(c["input_dim"], c["dim"], max(c["batches"]))
+    jobs, failed, loads = [], [], []
+    for mode in c["modes"]:
+        for n in c["workers"]:
+            for impl in IMPLS:   # ours then stock, one pair per (mode, N): the machine's load moves both alike
+                if impl == "stock" and bench.args.no_stock:
+                    continue
+                run = bench.job(f"saturation-{mode.split('_')[1]}-{n}w", impl, saturation_argv(c, impl, mode),
+                                num_workers=1, timeout=c["timeout"], profile=bench.args.profile,
+                                env={**STEP_ENV, "DMLC_NUM_WORKER": str(n)})
+                loads += run.load
+                if not run.ok:
+                    failed.append(f"saturation {mode} N={n} {impl} FAILED (status {run.status}): {run.log}")
+                jobs.append({"server": "ours" if impl == "lazy" else "stock", "mode": mode, "workers": n,
+                             "records": run.records[0] if run.records else []})
+    rows, data, lines = saturation_report.build(jobs, gather, c["modes"])
+    load = f"{min(loads, default=0):.1f}..{max(loads, default=0):.1f}"
+    data["loadavg_1min"] = load
+    notes = [f"one server, one row_sparse key ({c['input_dim']:,} x {c['dim']} float32, SGD momentum 0.9), "
+             f"N simulated workers in one pyzmq process (loadgen_job.py; its CPU: loadgen cores); a step = "
+             f"row_sparse_pull of B distinct Zipf rows, then the push of their gradients, waited to its reply; "
+             f"rows/s = B x steps/s over all workers (each row is gathered once and updated once per step)",
+             f"closed-loop ({c['closed']} s after {c['warmup']} s warm-up): each worker starts its next step when "
+             f"the last one is answered; this is the saturation point at that N. Open-loop ({c['open']} s each): "
+             f"steps start at {', '.join(f'{x:g}' for x in c['levels'])} x that rate (dist_sync: all workers at "
+             f"the same instants), one step in flight per worker; latency counts from when a step was due",
+             "knee: the lowest open-loop offered load whose p99 is at least twice the p99 at the lightest level "
+             "(- : it never doubled within the levels run)",
+             "server cores: the server process's CPU seconds (all threads, /proc/<pid>/stat) per wall second of "
+             "the measurement; rows/s per core = rows/s / server cores; CPU us/row = server cores / rows/s",
+             f"gather limit: {gather['method']}, {gather['table_rows']:,} x {gather['dim']} table, B={gather['batch']}:"
+             f" {gather['rows_per_cpu_s']:,.0f} rows per CPU second ({gather['rows_per_s']:,.0f} per wall second, "
+             f"{gather['bytes_per_s'] / 1e9:.2f} GB/s)",
+             f"every node runs with OMP_NUM_THREADS=1; 1-min load average during these jobs {load} on "
+             f"{os.cpu_count()} cores shared with other work"] + lines + failed
+    for batch in c["batches"]:
+        n = 8 if 8 in c["workers"] else max(c["workers"])
+        saturation_report.plot(bench.out / f"saturation_latency_B{batch}.png", data["curves"], batch, n,
+                               [f"{time.strftime('%Y-%m-%d')}; open-loop levels {c['levels']} of each server's "
+                                f"own closed-loop rate; solid: ours, dashed: stock; load average {load}"])
+    return table("Scenario 8: saturation (one server, N simulated workers, D=32)", saturation_report.HEADERS,
+                 rows, notes), data
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -1349,8 +1421,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     parser.add_argument("--out", default=str(ROOT / "bench-results"), help="output directory (default bench-results/)")
     parser.add_argument("--profile", action="store_true",
-                        help="run our servers of the throughput and step jobs under cProfile (CPU time) and print "
-                             "hot spots; their numbers then carry the profiler's overhead")
+                        help="run our servers of the throughput, step and saturation jobs under cProfile (CPU time) "
+                             "and print hot spots; their numbers then carry the profiler's overhead")
     parser.add_argument("--no-stock", action="store_true", help="only our server (no side by side)")
     parser.add_argument("--verbose", action="store_true", help="echo every job's output")
     parser.add_argument("--report-only", action="store_true",
@@ -1419,6 +1491,9 @@ def main(argv=None) -> int:
         if "tiered" in scenarios:
             print("scenario 7: tiered (disk tier)", flush=True)
             report("tiered", lambda: scenario_tiered(bench))
+        if "saturation" in scenarios:
+            print("scenario 8: saturation", flush=True)
+            report("saturation", lambda: scenario_saturation(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130
