@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Callable
 
+from kvstore_lazy.config import BY_NAME, ConfigError, choice, read
+
 
 def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server") -> int:
     parser = argparse.ArgumentParser(
@@ -33,7 +35,8 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
     parser.add_argument("--metrics-bind", metavar="ADDRESS", default=None,
                         help="address the metrics listen on (default 0.0.0.0; 127.0.0.1 under DMLC_LOCAL). "
                              "Env: KVSTORE_LAZY_METRICS_BIND")
-    parser.add_argument("--log-level", default=os.environ.get("KVSTORE_LAZY_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", choices=list(BY_NAME["KVSTORE_LAZY_LOG_LEVEL"].choices), type=str.upper,
+                        default=None, help="the server's log level (default INFO). Env: KVSTORE_LAZY_LOG_LEVEL")
     parser.add_argument("--ready", nargs="?", const="", default=None, metavar="STATUS_FILE",
                         help="do not run a server: exit 0 if the server writing STATUS_FILE (default: "
                              "$KVSTORE_LAZY_STATUS_FILE) is alive and serving, else 1 (a Kubernetes readiness probe)")
@@ -51,8 +54,15 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(runtime.NodeLogFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s kvstore_lazy %(node)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    bad_level: ConfigError | None = None
     try:
+        level = args.log_level or choice(os.environ, "KVSTORE_LAZY_LOG_LEVEL")
+    except ConfigError as exc:
+        level, bad_level = "INFO", exc
+    logging.basicConfig(level=level, handlers=[handler])
+    try:
+        if bad_level is not None:
+            raise StartupError(str(bad_level))
         return _run(Config.from_env())
     except StartupError as exc:   # configuration, bind, registration, snapshot: one line and status 2
         logging.getLogger("kvstore_lazy").error("%s", exc)
@@ -62,7 +72,7 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
 def _run(config) -> int:
     from kvstore_lazy.node.runtime import ServerNode
 
-    profile = os.environ.get("KVSTORE_LAZY_PROFILE", "")
+    profile = read(os.environ, "KVSTORE_LAZY_PROFILE")
     if not profile:
         return ServerNode(config).run()
     # KVSTORE_LAZY_PROFILE=PREFIX: run under cProfile (CPU time, so a loaded machine does not inflate it), write

@@ -181,8 +181,8 @@ def _text(env: Mapping[str, str], name: str) -> str | None:
     return value.strip()
 
 
-def _refuse(name: str, value: str, accepted: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r}: {accepted}")
+def _refuse(name: str, value: str, accepted: str, sep: str = ": ") -> ConfigError:
+    return ConfigError(f"{name}={value!r}{sep}{accepted}")
 
 
 def boolean(env: Mapping[str, str], name: str, default: bool = False) -> bool:
@@ -206,7 +206,7 @@ def integer(env: Mapping[str, str], name: str, default: int, minimum: int | None
     try:
         value = int(text)
     except ValueError:
-        raise _refuse(name, text, "not an integer") from None
+        raise _refuse(name, text, "is not an integer", sep=" ") from None
     if minimum is not None and value < minimum:
         raise _refuse(name, text, f"must be at least {minimum}")
     if maximum is not None and value > maximum:
@@ -222,7 +222,7 @@ def number(env: Mapping[str, str], name: str, default: float, minimum: float | N
     try:
         value = float(text)
     except ValueError:
-        raise _refuse(name, text, "not a number") from None
+        raise _refuse(name, text, "is not a number", sep=" ") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise _refuse(name, text, "must be a finite number")
     if minimum is not None and value < minimum:

@@ -41,6 +41,8 @@ import socket
 import time
 from pathlib import Path
 
+from kvstore_lazy import config
+
 STATUS_ENV = "KVSTORE_LAZY_STATUS_FILE"
 BIND_ENV = "KVSTORE_LAZY_BIND"
 ALL_INTERFACES = "0.0.0.0"
@@ -120,7 +122,7 @@ class StatusFile:
     @classmethod
     def from_env(cls, env=None) -> "StatusFile":
         env = os.environ if env is None else env
-        return cls(env.get(STATUS_ENV) or None)
+        return cls(config.read(env, STATUS_ENV) or None)
 
     def write(self, phase: str, **info) -> None:
         if self.path is None:
@@ -157,13 +159,10 @@ def check_ready(path: str | None) -> tuple[bool, str]:
 
 def rejoin_window(env, resend_timeout: float) -> float:
     """Seconds a dead server's job keeps waiting for it: KVSTORE_LAZY_REJOIN_WINDOW, else 10 x PS_RESEND_TIMEOUT."""
-    value = env.get("KVSTORE_LAZY_REJOIN_WINDOW", "")
-    if value.strip():
-        try:
-            return float(value)
-        except ValueError:
-            raise LifecycleError(f"KVSTORE_LAZY_REJOIN_WINDOW={value!r} is not a number of seconds") from None
-    return RESEND_ABORT_TRIES * resend_timeout
+    try:
+        return config.number(env, "KVSTORE_LAZY_REJOIN_WINDOW", RESEND_ABORT_TRIES * resend_timeout, minimum=0.0)
+    except config.ConfigError as exc:
+        raise LifecycleError(str(exc)) from None
 
 
 def rejoin_decision(record: dict | None, record_path: Path | None, window: float,
@@ -222,11 +221,10 @@ SCOPE_ENV = "KVSTORE_LAZY_SNAPSHOT_SCOPE"
 def snapshot_scope(env) -> str:
     """``job`` (default): every server of the job writes to this directory, a rank's snapshot is right whichever host
     wrote it. ``server``: the directory is this server's own volume (a StatefulSet's volumeClaimTemplates)."""
-    scope = env.get(SCOPE_ENV, "job").strip().lower() or "job"
-    if scope not in ("job", "server"):
-        raise LifecycleError(f"{SCOPE_ENV}={scope!r}: use job (one directory for all servers) or server (a "
-                             f"volume of each server's own)")
-    return scope
+    try:
+        return config.choice(env, SCOPE_ENV)
+    except config.ConfigError as exc:
+        raise LifecycleError(str(exc)) from None
 
 
 def check_snapshot_owner(directory: str | os.PathLike, rank: int, host: str, port: int, scope: str) -> None:

@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore_lazy.config import atoi_flag, flag
+from kvstore_lazy.config import (ConfigError, atoi_flag, boolean, choice, integer, number, read, summary,
+                                 unknown_warnings)
 from kvstore_lazy.node import membership, recovery, trust
 from kvstore_lazy.node import placement as lifecycle
 from kvstore_lazy.node.clock import Clock, SystemClock
@@ -146,7 +147,23 @@ class Config:
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
+        """The configuration `env` (default: this process's environment) describes. Every ``KVSTORE_LAZY_*``
+        variable is read through kvstore_lazy.config's strict readers and ps-lite's as a stock server reads them; a
+        value that cannot be honoured is a StartupError of one line naming the variable, the value and what is
+        accepted (the server exits 2 with it). Logs a warning per unknown ``KVSTORE_LAZY_*`` name (with the known
+        one it most likely meant), then the settings the environment sets, in one line."""
         env = os.environ if env is None else env
+        for line in unknown_warnings(env):
+            log.warning("%s", line)
+        try:
+            config = cls._read(env)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
+        log.info("settings: %s", summary(env))
+        return config
+
+    @classmethod
+    def _read(cls, env) -> "Config":
         role = env.get("DMLC_ROLE", "server")
         if role != "server":
             raise StartupError(f"DMLC_ROLE={role!r}: kvstore_lazy only runs the server role")
@@ -166,23 +183,23 @@ class Config:
             host=default_host() if env is os.environ else (env.get("DMLC_NODE_HOST") or default_host()),
             port=_env_int(env, "PORT", 0),
             local=atoi_flag(env, "DMLC_LOCAL"),
-            heartbeat_interval=float(env.get("PS_HEARTBEAT_INTERVAL", "0") or 0),
+            heartbeat_interval=number(env, "PS_HEARTBEAT_INTERVAL", 0.0, minimum=0.0),
             resend=atoi_flag(env, "PS_RESEND"),
             resend_timeout=_env_int(env, "PS_RESEND_TIMEOUT", 1000) / 1000.0,
             water_mark=_env_int(env, "DMLC_PS_WATER_MARK", 0),
             verbose=_env_int(env, "PS_VERBOSE", 0),
-            materialize=env.get("KVSTORE_LAZY_MATERIALIZE", "push"),
-            stats_interval=float(env.get("KVSTORE_LAZY_STATS_INTERVAL", "60") or 60),
+            materialize=choice(env, "KVSTORE_LAZY_MATERIALIZE"),
+            stats_interval=number(env, "KVSTORE_LAZY_STATS_INTERVAL", 60.0, minimum=0.0),
             is_recovery=bool(recovery),
             recovery=recovery,
-            recover_rank=_env_int(env, "KVSTORE_LAZY_RECOVER_RANK", -1),
-            snapshot_dir=env.get("KVSTORE_LAZY_SNAPSHOT_DIR", ""),
-            snapshot_interval=float(env.get("KVSTORE_LAZY_SNAPSHOT_INTERVAL", "0") or 0),
-            journal=flag(env, "KVSTORE_LAZY_JOURNAL"),
-            journal_fsync=flag(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
-            journal_max_bytes=_env_int(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256) << 20,
+            recover_rank=integer(env, "KVSTORE_LAZY_RECOVER_RANK", -1, minimum=-1),
+            snapshot_dir=read(env, "KVSTORE_LAZY_SNAPSHOT_DIR"),
+            snapshot_interval=number(env, "KVSTORE_LAZY_SNAPSHOT_INTERVAL", 0.0, minimum=0.0),
+            journal=boolean(env, "KVSTORE_LAZY_JOURNAL"),
+            journal_fsync=boolean(env, "KVSTORE_LAZY_JOURNAL_FSYNC"),
+            journal_max_bytes=integer(env, "KVSTORE_LAZY_JOURNAL_MAX_MB", 256, minimum=0) << 20,
             resume=resume,
-            snapshot_deltas=_env_int(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS),
+            snapshot_deltas=integer(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS, minimum=0),
             metrics=metrics,
         )
         config._placement_from_env(env)
@@ -190,16 +207,19 @@ class Config:
             raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
                                "re-send what died with a server)")
         config._trust_from_env(env)
+        config._lifecycle_from_env(env)
+        return config
+
+    def _lifecycle_from_env(self, env) -> None:
         try:
-            config.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(config.snapshot_dir))
+            self.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(self.snapshot_dir))
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-        if (config.journal or config.recovery) and not config.snapshot_dir:
+        if (self.journal or self.recovery) and not self.snapshot_dir:
             raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
-        if config.recovery and not config.journal:
+        if self.recovery and not self.journal:
             raise StartupError("KVSTORE_LAZY_RECOVERY needs KVSTORE_LAZY_JOURNAL=1 (the journal is what a restarted "
                                "server replays); restart the whole job from a snapshot instead")
-        return config
 
     def _placement_from_env(self, env) -> None:
         try:   # kvstore_lazy.node.placement: bind one address, advertise another (a DNS name on Kubernetes)
@@ -212,43 +232,22 @@ class Config:
 
     def _trust_from_env(self, env) -> None:
         try:
-            self.allow = trust.parse_allow(env.get("KVSTORE_LAZY_ALLOW", ""))
+            self.allow = trust.parse_allow(read(env, "KVSTORE_LAZY_ALLOW"))
         except trust.TrustError as exc:
             raise StartupError(str(exc)) from None
-        self.check_address = env.get("KVSTORE_LAZY_CHECK_ADDRESS", "1").strip().lower() not in ("0", "false", "no",
-                                                                                               "off")
-        self.scheduler_timeout = _env_float(env, "KVSTORE_LAZY_SCHEDULER_TIMEOUT", 30.0)
-        self.queue_messages = _env_int(env, "KVSTORE_LAZY_PEER_QUEUE", QUEUE_MESSAGES)
-        self.queue_bytes = _env_int(env, "KVSTORE_LAZY_PEER_QUEUE_MB", QUEUE_BYTES >> 20) << 20
-        if self.queue_messages < 1 or self.queue_bytes < 1:
-            raise StartupError("KVSTORE_LAZY_PEER_QUEUE and KVSTORE_LAZY_PEER_QUEUE_MB must be at least 1")
+        self.check_address = boolean(env, "KVSTORE_LAZY_CHECK_ADDRESS", True)
+        self.scheduler_timeout = number(env, "KVSTORE_LAZY_SCHEDULER_TIMEOUT", 30.0, minimum=0.0)
+        self.queue_messages = integer(env, "KVSTORE_LAZY_PEER_QUEUE", QUEUE_MESSAGES, minimum=1)
+        self.queue_bytes = integer(env, "KVSTORE_LAZY_PEER_QUEUE_MB", QUEUE_BYTES >> 20, minimum=1) << 20
+
+
+_RECOVERY = {"0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register", "auto": "auto"}
 
 
 def _recovery_from_env(env) -> tuple[str, str]:
-    """(KVSTORE_LAZY_RECOVERY, KVSTORE_LAZY_RESUME) as Config holds them."""
-    recovery = env.get("KVSTORE_LAZY_RECOVERY", "0").strip().lower()
-    recovery = {"": "", "0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register",
-                "auto": "auto"}.get(recovery)
-    if recovery is None:
-        raise StartupError(f"KVSTORE_LAZY_RECOVERY={env.get('KVSTORE_LAZY_RECOVERY')!r}: use 1 (rejoin), "
-                           f"auto, register or 0")
-    resume = env.get("KVSTORE_LAZY_RESUME", "auto").strip().lower() or "auto"
-    if resume not in ("auto", "tagged", "latest", "none"):
-        raise StartupError(f"KVSTORE_LAZY_RESUME={resume!r}: use auto, tagged, latest or none")
-    return recovery, resume
-
-
-def _env_float(env, name: str, default: float) -> float:
-    """A non-negative finite number of seconds."""
-    value = env.get(name, "")
-    try:
-        number = float(value) if value.strip() else default
-    except ValueError:
-        raise StartupError(f"{name}={value!r} is not a number") from None
-    if not 0 <= number < float("inf"):
-        raise StartupError(f"{name}={value!r} must be a finite number >= 0")
-    return number
-
+    """(KVSTORE_LAZY_RECOVERY, KVSTORE_LAZY_RESUME) as Config holds them: recovery "" (a fresh start), "rejoin",
+    "register" or "auto"."""
+    return _RECOVERY[choice(env, "KVSTORE_LAZY_RECOVERY")], choice(env, "KVSTORE_LAZY_RESUME")
 
 
 def _rejoin_timestamp() -> int:

@@ -3,7 +3,8 @@
 Owns: the fields of a key's row policy (admission by count or probability, TTL in rounds or seconds), their strict
 checks (a declaration's ``"policy"`` object, ``Policy.check``), the server-wide settings (the default policy, the
 memory budget, eviction kind, watermarks, the pending cap, the disk tier's options) and reading them from the
-``KVSTORE_LAZY_*`` environment, and :func:`parse_bytes` for sizes. Plain values: frozen dataclasses, checked when made.
+``KVSTORE_LAZY_*`` environment (through kvstore_lazy.config's strict readers), and :func:`parse_bytes` for sizes.
+Plain values: frozen dataclasses, checked when made.
 Does not own: what a policy does to rows, when, and in which order (``lifecycle``: its docstring is the reference
 for the policies' semantics and their determinism; :class:`~kvstore_lazy.server.lifecycle.RowPolicy` is a key's
 state, :class:`~kvstore_lazy.server.lifecycle.Lifecycle` the budget's pass), nor the rows (``keys``).
@@ -15,6 +16,8 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from kvstore_lazy import config
 
 EVICT_KINDS = ("lru", "lfu")
 DEFAULT_ADMIT_CAP = 1 << 20
@@ -127,33 +130,29 @@ class Settings:
     @classmethod
     def from_env(cls, env, track_changes: bool = False) -> "Settings":
         """KVSTORE_LAZY_ADMIT_MIN_COUNT, _ADMIT_PROB, _TTL_ROUNDS, _TTL_SECONDS (the default policy), _MEMORY_BUDGET,
-        _EVICT, _LOW_WATERMARK, _ADMIT_CAP; ValueError naming the variable for a bad value."""
-        def number(name: str, text: str, kind):
-            try:
-                return kind(text)
-            except ValueError:
-                raise ValueError(f"{name}={text!r} is not {'an integer' if kind is int else 'a number'}") from None
-
+        _EVICT, _LOW_WATERMARK, _ADMIT_CAP and the disk tier's, each read by kvstore_lazy.config's strict readers
+        (ConfigError, a ValueError, naming the variable and the value); a value of the right type out of its range
+        is a ValueError naming the variable too."""
         fields = {}
         for field, name in ENV.items():
-            text = env.get(name, "").strip()
-            if text:
-                kind = int if field in ("admit_min_count", "ttl_rounds") else float
+            if (env.get(name) or "").strip():
+                value = config.integer(env, name, 0) if field in ("admit_min_count", "ttl_rounds") \
+                    else config.number(env, name, 0.0)
                 try:
-                    fields[field] = Policy.CHECKS[field](number(name, text, kind))
+                    fields[field] = Policy.CHECKS[field](value)
                 except ValueError as exc:
                     raise ValueError(f"{name}: {exc}") from None
         options: dict[str, Any] = {}
-        budget = env.get("KVSTORE_LAZY_MEMORY_BUDGET", "").strip()
+        budget = config.read(env, "KVSTORE_LAZY_MEMORY_BUDGET")
         if budget:
             try:
                 options["memory_budget"] = parse_bytes(budget)
             except ValueError as exc:
                 raise ValueError(f"KVSTORE_LAZY_MEMORY_BUDGET: {exc}") from None
-        evict = env.get("KVSTORE_LAZY_EVICT", "").strip()
-        if evict:
+        evict = (env.get("KVSTORE_LAZY_EVICT") or "").strip()
+        if evict:   # refused by Settings with its own words (the choices are EVICT_KINDS)
             options["evict"] = evict.lower()
-        disk = env.get("KVSTORE_LAZY_DISK_DIR", "").strip()
+        disk = config.read(env, "KVSTORE_LAZY_DISK_DIR")
         if disk:
             if not options.get("memory_budget"):
                 raise ValueError(f"KVSTORE_LAZY_DISK_DIR={disk!r} needs KVSTORE_LAZY_MEMORY_BUDGET: the disk tier "
@@ -164,9 +163,8 @@ class Settings:
                                    ("disk_segment_rows", "KVSTORE_LAZY_DISK_SEGMENT_ROWS", int),
                                    ("disk_compact", "KVSTORE_LAZY_DISK_COMPACT", float),
                                    ("disk_admit_window", "KVSTORE_LAZY_DISK_ADMIT_WINDOW", int)):
-            text = env.get(name, "").strip()
-            if text:
-                options[option] = number(name, text, kind)
+            if (env.get(name) or "").strip():
+                options[option] = config.integer(env, name, 0) if kind is int else config.number(env, name, 0.0)
         try:
             return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
         except ValueError as exc:
