@@ -16,7 +16,14 @@ Layout::
     <snapshot dir>/node.rank<r>.json                 who the server was in its job (for a rejoin)
     <disk dir>/rank<r>/key<k>/store.json             a key's disk tier store: layout, index.npz, seg-000001.dat...
     <file>.lazy.json                                 beside a worker checkpoint: how its absent rows are computed
-    .<name>.<pid>.<hex>.tmp, .<name>.XXXX/, .<name>.old   what an interrupted atomic write leaves beside <name>
+    .<name>.<pid>.<hex>.tmp, .<name>.XXXX.tmp/, .<name>.old   what an interrupted atomic write leaves beside <name>
+    .<name>.new/                                     a new version of directory <name>, COMMITTED, not yet swapped in
+    <file>.tmp                                       the journal's and a disk tier store's temp files
+
+A directory (a base, a delta, a tagged snapshot) is replaced in four steps (``persist.atomic.atomic_write_dir``):
+built as ``.<name>.XXXX.tmp``, renamed to ``.<name>.new`` (the commit point), ``<name>`` renamed to
+``.<name>.old``, ``.<name>.new`` renamed to ``<name>``. So the committed version is ``.<name>.new`` when it
+exists, else ``<name>`` (:func:`committed_dir`); everything else :func:`leftovers` lists is garbage.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ SEGMENT_GLOB = "seg-*.dat"
 SIDECAR_SUFFIX = ".lazy.json"
 TEMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
+NEW_SUFFIX = ".new"
 
 
 # ---- a snapshot directory
@@ -108,7 +116,8 @@ def temp_file(path: PathLike, tag: str) -> Path:
 
 
 def temp_dir_prefix(path: PathLike) -> str:
-    """The prefix of the temporary directories (``tempfile.mkdtemp``) a new version of directory `path` is built in."""
+    """The prefix of the temporary directories (``tempfile.mkdtemp``, suffix :data:`TEMP_SUFFIX`) a new version of
+    directory `path` is built in."""
     return f".{Path(path).name}."
 
 
@@ -116,3 +125,39 @@ def old_dir(path: PathLike) -> Path:
     """Where the previous version of directory `path` stands while the new one is renamed in."""
     path = Path(path)
     return path.with_name(f".{path.name}{OLD_SUFFIX}")
+
+
+def new_dir(path: PathLike) -> Path:
+    """Where a complete new version of directory `path` is committed (one rename) before it is swapped in."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{NEW_SUFFIX}")
+
+
+def committed_dir(path: PathLike) -> Path:
+    """The committed version of directory `path`: its ``.new`` if a swap was interrupted after the commit, else
+    `path` itself (which may not exist)."""
+    new = new_dir(path)
+    return new if new.is_dir() else Path(path)
+
+
+def leftovers(path: PathLike) -> list[Path]:
+    """What interrupted atomic writes of `path` left beside it: temp files and directories (``.<name>.*``: ours
+    end in ``.tmp``; older versions made ``.<name>.XXXXXXXX/``), the previous version ``.<name>.old`` and the
+    journal's ``<name>.tmp``; never the committed ``.<name>.new``."""
+    path = Path(path)
+    new = new_dir(path)
+    found = [p for p in path.parent.glob(f".{_glob_escape(path.name)}.*") if p != new]
+    plain = temp_of(path)
+    if plain.exists() or plain.is_symlink():
+        found.append(plain)
+    return sorted(found)
+
+
+def temp_of(path: PathLike) -> Path:
+    """``<name>.tmp``: the temp file of a write that is renamed over `path` (the journal's, a disk tier store's)."""
+    path = Path(path)
+    return path.with_name(path.name + TEMP_SUFFIX)
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore_lazy.node import placement
+from kvstore_lazy.node import placement, recovery
 from kvstore_lazy.node.clock import Clock
 from kvstore_lazy.node.delivery import Delivery
 from kvstore_lazy.node.errors import StartupError
@@ -206,6 +206,7 @@ class Durability:
         new job's kv.init pushes and identical optimizer (ResumeGate)."""
         assert self.server is not None
         base, rank = Path(self.cfg.snapshot_dir), self.server.rank
+        recovery.remove_leftovers(base, rank, self.cfg.lifecycle.disk_dir)
         choice = self.cfg.resume
         candidates = {"auto": [base / TAGGED_DIR, base], "tagged": [base / TAGGED_DIR], "latest": [base],
                       "none": []}[choice]
@@ -259,6 +260,7 @@ class Durability:
         replies owed (sent by :meth:`finish_recovery` once the peers are connected)."""
         assert self.server is not None
         directory, rank = Path(self.cfg.snapshot_dir), self.server.rank
+        recovery.remove_leftovers(directory, rank, self.cfg.lifecycle.disk_dir)
         self._check_owner(directory)
         loaded = checkpoint.load_snapshot(directory, rank)
         manifest = loaded.manifest if loaded is not None else None
@@ -281,6 +283,7 @@ class Durability:
         recovered = Recovered(directory, base, contents)
         self._replay(recovered)
         self.journal = journal_mod.Journal.reopen(path, contents, fsync=self.cfg.journal_fsync)
+        journal_mod.remove_others(directory, rank, path)   # older ones, or one of a snapshot that never committed
         return recovered
 
     def _replay(self, recovered: Recovered) -> None:

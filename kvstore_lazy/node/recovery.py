@@ -5,6 +5,9 @@ Owns: the membership record ``node.rank<r>.json`` in the snapshot directory (wha
 about the job it was in: its id, rank, address, peers, and whether the job finished), finding the record of this
 host:port (or of KVSTORE_LAZY_RECOVER_RANK), checking that it belongs to this job, the choice of
 KVSTORE_LAZY_RECOVERY=auto (``placement.rejoin_decision``), and the first timestamp of a restarted server.
+Also owns: what a server removes at start before it reads anything (:func:`remove_leftovers`): an interrupted base
+swap finished (its new version had committed), and the temp files and directories of writes a dead process never
+finished, so that none is ever mistaken for committed state or left to fill the disk.
 Does not own: the rejoin itself (``session``), restoring the state (``durability``) or the record's age rules
 (``placement``).
 """
@@ -16,9 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kvstore_lazy import paths
 from kvstore_lazy.node import placement
 from kvstore_lazy.node.errors import StartupError
-from kvstore_lazy.persist import checkpoint
+from kvstore_lazy.persist import checkpoint, snapshots
+from kvstore_lazy.persist.atomic import remove_path
 
 log = logging.getLogger("kvstore_lazy")
 
@@ -97,3 +102,21 @@ def rejoin_timestamp(wall: float) -> int:
     any other restart's range, and below 2^30 (ps-lite shifts the timestamp left once in an int).
     `wall` is the wall clock in seconds (time.time())."""
     return (1 << 29) + int(wall * 1000) % (1 << 28)
+
+
+def remove_leftovers(snapshot_dir: str | os.PathLike, rank: int, disk_dir: str | os.PathLike = "") -> list[Path]:
+    """At start, before anything of `rank` is read: its snapshots settled (``snapshots.settle``: an interrupted
+    base swap finished, temp directories of bases and deltas removed), the temp files of its journal's headers and
+    of its membership record removed, and those of its disk tier stores in `disk_dir` (``store.json.tmp``,
+    ``index.npz.tmp``: the store itself is rebuilt from the snapshot). Returns what it settled or removed."""
+    done = snapshots.settle(snapshot_dir, rank)
+    found = paths.leftovers(paths.membership(snapshot_dir, rank))
+    found += [p for p in paths.journals(snapshot_dir, rank) if p.name.endswith(paths.TEMP_SUFFIX)]
+    if disk_dir:
+        found += sorted((Path(disk_dir) / f"rank{rank}").glob(f"key*/*{paths.TEMP_SUFFIX}"))
+    for path in found:
+        remove_path(path)
+    done += found
+    if done:
+        log.info("removed what interrupted writes left for rank %d: %s", rank, ", ".join(str(p) for p in done))
+    return done

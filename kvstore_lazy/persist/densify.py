@@ -18,7 +18,7 @@ import numpy as np
 
 from kvstore_lazy.persist.ndfile import Entry, NDFileError, Writer, chunked, read_index, read_row_ids, read_values
 from kvstore_lazy.persist.sidecar import CheckpointError, lazy_params, lazy_rows, sidecar_path, write_checkpoint
-from kvstore_lazy.persist.snapshots import TAGGED_DIR, SnapshotError, load_snapshot
+from kvstore_lazy.persist.snapshots import TAGGED_DIR, SnapshotError, load_snapshot, snapshot_ranks
 
 # ----------------------------------------------------------------------------------------------------------------
 # densify: a stock file with absent rows filled in, streamed
@@ -154,13 +154,7 @@ def _snapshot_ranks(path: Path) -> list[tuple[Path, int]]:
     directories in it and in its tagged/ directory."""
     if (path / "manifest.json").is_file() and path.name.startswith("rank") and path.name[4:].isdigit():
         return [(path.parent, int(path.name[4:]))]
-    found = []
-    for directory in (path, path / TAGGED_DIR):
-        for manifest in sorted(directory.glob("rank*/manifest.json")):
-            name = manifest.parent.name
-            if name[4:].isdigit():
-                found.append((directory, int(name[4:])))
-    return found
+    return [(directory, rank) for directory in (path, path / TAGGED_DIR) for rank in snapshot_ranks(directory)]
 
 
 def _inspect_snapshot(directory: Path, rank: int) -> list[str]:

@@ -17,9 +17,12 @@ File ``<snapshot dir>/journal.rank<r>.<epoch hex>.<base seq>``::
 
 ``epoch`` names one run of snapshots+journal (a new one at every fresh start); ``seq`` numbers requests within it.
 A snapshot records (epoch, seq of the last request it includes) and so names the journal file that continues it.
-Rotation is crash-safe by order: the new journal file is created (its header carries the unACKed replies), then the
+Rotation is crash-safe by order: the new journal file is created (its header carries the unACKed replies) and made
+durable (file and directory fsynced, whatever ``fsync`` says: the snapshot about to commit names it), then the
 snapshot is written, then older journal files are removed; a server that dies in between finds the pair that
-matches whichever snapshot is on disk.
+matches whichever snapshot is committed (and removes the other at start). Records are durable against the process
+dying once ``append`` returns, against power loss only with ``fsync=True`` (KVSTORE_LAZY_JOURNAL_FSYNC): without it
+a power cut may keep any prefix of the records written since the header, which reads as a torn tail.
 """
 from __future__ import annotations
 
@@ -46,10 +49,20 @@ def journal_path(directory: str | os.PathLike, rank: int, epoch: int, base_seq: 
 
 
 def remove_others(directory: str | os.PathLike, rank: int, keep: Path) -> None:
-    """Delete this rank's journal files other than `keep` (after a snapshot made them redundant)."""
+    """Delete this rank's journal files other than `keep` (after a snapshot made them redundant, or at the start
+    of a recovery: a journal created for a snapshot that never committed), and the temp files of interrupted
+    header writes."""
     for path in Path(directory).glob(f"journal.rank{rank}.*"):
-        if path != keep and not path.name.endswith(".tmp"):
+        if path != keep:
             path.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _pack_frames(frames) -> bytes:
@@ -121,7 +134,8 @@ def read(path: str | os.PathLike) -> Contents | None:
             break
         kind, length = _RECORD.unpack_from(data, pos)
         body_at = pos + _RECORD.size
-        if body_at + length > len(data):
+        if body_at + length > len(data) or (kind == b"\0" and not any(data[pos:])):
+            # an incomplete last record, or zeros where a power cut left the file longer than its data
             out.torn_bytes = len(data) - pos
             break
         body = data[body_at:body_at + length]
@@ -177,12 +191,14 @@ class Journal:
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, b"".join(parts))
-            if self.fsync:
-                os.fsync(fd)
+            data = memoryview(b"".join(parts))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)       # always (once a rotation): the snapshot about to commit names this file
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        _fsync_dir(self.path.parent)
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)

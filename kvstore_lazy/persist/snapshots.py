@@ -55,7 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstore_lazy.persist.atomic import atomic_write_dir, file_digest
+from kvstore_lazy import paths
+from kvstore_lazy.persist.atomic import atomic_write_dir, file_digest, remove_path, settle_dir
 
 FORMAT = 1
 TAGGED_DIR = "tagged"   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
@@ -79,7 +80,7 @@ def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, ta
     optional "arrays": {name: per-row array}} (meta: JSON-able); `server` is JSON-able server-wide state (mode,
     optimizer, declarations); `writer` the advertised host and port of the server writing it
     (``node_lifecycle.check_snapshot_owner``)."""
-    return _write_base(Path(directory) / f"rank{rank}", rank, num_servers, tables, server, None, writer)[0]
+    return _write_base(paths.rank_dir(directory, rank), rank, num_servers, tables, server, None, writer)[0]
 
 
 def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
@@ -141,8 +142,44 @@ def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dic
     return target, out["sha"], out["bytes"]
 
 
+def live_dir(directory: str | os.PathLike, rank: int) -> Path:
+    """The committed snapshot of `rank` in `directory` (``paths.committed_dir``: ``.rank<r>.new`` while a swap
+    interrupted after its commit is not settled, else ``rank<r>``; it may not exist)."""
+    return paths.committed_dir(paths.rank_dir(directory, rank))
+
+
+def snapshot_ranks(directory: str | os.PathLike) -> list[int]:
+    """The ranks with a committed snapshot (a manifest) in `directory`, ascending."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    ranks = set()
+    for entry in directory.iterdir():
+        name = entry.name
+        for prefix, suffix in (("rank", ""), (".rank", paths.NEW_SUFFIX)):
+            middle = name[len(prefix):len(name) - len(suffix)]
+            if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
+                ranks.add(int(middle))
+    return sorted(r for r in ranks if paths.manifest(live_dir(directory, r)).is_file())
+
+
+def settle(directory: str | os.PathLike, rank: int) -> list[Path]:
+    """Bring the snapshots of `rank` in `directory` (its chain and its tagged snapshot) to their committed state:
+    an interrupted base swap finished, the temp directories of interrupted bases and deltas removed. What a server
+    runs at start, before it reads anything; returns the paths it settled."""
+    done = []
+    for path in (paths.rank_dir(directory, rank), paths.rank_dir(paths.tagged_dir(directory), rank)):
+        if settle_dir(path):
+            done.append(path)
+        if path.is_dir():
+            for leftover in sorted(path.glob(".delta-*")):
+                remove_path(leftover)
+                done.append(leftover)
+    return done
+
+
 def read_manifest(directory: str | os.PathLike, rank: int) -> dict | None:
-    path = Path(directory) / f"rank{rank}" / "manifest.json"
+    path = paths.manifest(live_dir(directory, rank))
     if not path.exists():
         return None
     try:
@@ -156,7 +193,7 @@ def read_manifest(directory: str | os.PathLike, rank: int) -> dict | None:
 
 def read_snapshot_key(directory: str | os.PathLike, rank: int, key: int, expected: dict) -> dict:
     """Load one key's arrays of a base, checking them against the manifest entry `expected`."""
-    return _read_key(Path(directory) / f"rank{rank}" / f"key{key}.npz", expected)
+    return _read_key(paths.key_file(live_dir(directory, rank), key), expected)
 
 
 def _read_key(path: Path, expected: dict) -> dict:
@@ -179,8 +216,9 @@ def _read_key(path: Path, expected: dict) -> dict:
 def read_tags(directory: str | os.PathLike) -> dict[int, object]:
     """rank -> tag of the tagged snapshots in `directory` (what a restarted job's workers resume from)."""
     tags = {}
-    for path in sorted((Path(directory) / TAGGED_DIR).glob("rank*/manifest.json")):
-        manifest = json.loads(path.read_text())
+    tagged = paths.tagged_dir(directory)
+    for rank in snapshot_ranks(tagged):
+        manifest = json.loads(paths.manifest(live_dir(tagged, rank)).read_text())
         tags[int(manifest["rank"])] = manifest.get("server", {}).get("tag")
     return tags
 
@@ -202,7 +240,7 @@ def common_tag(directory: str | os.PathLike, num_servers: int):
 # incremental server snapshots: a base plus deltas (format in the module docstring)
 
 def delta_path(directory: str | os.PathLike, rank: int, seq: int) -> Path:
-    return Path(directory) / f"rank{rank}" / f"delta-{seq:06d}"
+    return paths.delta_dir(directory, rank, seq)
 
 
 @dataclass
@@ -240,12 +278,13 @@ class SnapshotChain:
         next delta or as a new base; returns (path, bytes written)."""
         if not delta:
             chain = secrets.token_hex(8)
-            path, sha, size = _write_base(self.directory / f"rank{self.rank}", self.rank, self.num_servers, tables,
-                                          server, chain, self.writer)
+            path, sha, size = _write_base(paths.rank_dir(self.directory, self.rank), self.rank, self.num_servers,
+                                          tables, server, chain, self.writer)
             self.state = {"id": chain, "seq": 0, "sha256": sha, "base_bytes": size, "delta_bytes": 0}
             return path, size
         s = self.state
         assert s is not None, "a delta needs a base"
+        settle_dir(paths.rank_dir(self.directory, self.rank))   # a delta goes into the committed base only
         seq = s["seq"] + 1
         path = delta_path(self.directory, self.rank, seq)
         out: dict = {}
@@ -274,7 +313,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
     manifest = read_manifest(directory, rank)
     if manifest is None:
         return None
-    rank_dir = directory / f"rank{rank}"
+    rank_dir = live_dir(directory, rank)
     tables = {int(k): dict(_read_key(rank_dir / f"key{k}.npz", info), meta=info)
               for k, info in manifest["keys"].items()}
     disks = {int(k): _disk_of(rank_dir, k, info) for k, info in manifest["keys"].items()}
