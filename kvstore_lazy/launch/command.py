@@ -13,9 +13,11 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 
+from kvstore_lazy.launch import preflight
 from kvstore_lazy.launch.errors import LaunchError
-from kvstore_lazy.launch.job import Job
+from kvstore_lazy.launch.job import LAZY_SERVER, Job
 from kvstore_lazy.launch.options import build_parser, job_from_args
 from kvstore_lazy.launch.placement import SshPlacement, SshPlacer
 
@@ -30,6 +32,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m kvstore_lazy.laun
     if args.dry_run:
         print_nodes(job)
         return 0
+    try:
+        for warning in check(job):
+            job.say(f"warning: {warning}")
+    except LaunchError as exc:   # one line, no usage: the options were fine, what they would run is not
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     if args.launcher == "ssh" and args.sync_dst_dir:
         assert isinstance(job.placer, SshPlacer)
         for cmd in job.placer.sync_commands(os.getcwd(), args.sync_dst_dir):
@@ -37,11 +45,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m kvstore_lazy.laun
             if subprocess.run(cmd).returncode != 0:
                 job.say("ERROR: rsync failed")
                 return 1
-    job.say(f"{job.num_workers} workers, {job.num_servers} {args.server} servers ({args.launcher}): "
-            f"{shlex.join(args.command)}")
+    job.say(f"{job.describe()} ({args.launcher}): {shlex.join(args.command)}")
     code = run(job, args.timeout)
     job.say(f"job finished with status {code}")
     return code
+
+
+def check(job: Job) -> list[str]:
+    """Before anything starts (kvstore_lazy.launch.preflight): the settings every node will read, and the workers'
+    mxnet when their switch is on. LaunchError for what would fail or do nothing; returns warnings to show."""
+    first: dict[str, tuple] = {}
+    for role, _, placement, argv, env in job.node_specs():
+        first.setdefault(role, (placement, argv, env))   # the nodes of a role differ only in their DMLC_* and PORT
+    checked = [(role, env) for role, (_, _, env) in first.items() if role != "scheduler"]
+    if job.server != "lazy" or job.server_command != LAZY_SERVER:
+        checked = [(role, env) for role, env in checked if role != "server"]   # not ours to read
+    warnings = preflight.check_settings(checked)
+    placement, argv, env = first["worker"]
+    if job.worker_switch and not isinstance(placement, SshPlacement):
+        preflight.check_workers_patched(argv, placement.command(argv, env)[1])
+    return warnings
 
 
 def print_nodes(job: Job) -> None:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from kvstore_lazy.launch import preflight
 from kvstore_lazy.launch.supervise import Supervision
 from kvstore_lazy.launch.environment import node_env
 from kvstore_lazy.launch.errors import LaunchError
@@ -70,6 +71,14 @@ class Job:
         self._fixed_server_ports = restart_servers > 0 or server_port_base is not None
         if restart_servers and server != "lazy":
             raise LaunchError("--restart-servers needs kvstore_lazy servers (a stock server cannot rejoin)")
+        # what --server means, whatever KVSTORE_LAZY says (kvstore_lazy.launch.preflight)
+        self.overrides = preflight.overrides(server, self.env, self.server_env, self.worker_env)
+        self.worker_switch = preflight.worker_switch(self.env, self.worker_env)
+
+    def describe(self) -> str:
+        """What this job runs, in words (the launcher's banner)."""
+        custom = self.server_command if self.server_command not in (LAZY_SERVER, STOCK_NODE) else None
+        return preflight.describe(self.num_workers, self.num_servers, self.server, custom, self.worker_switch)
 
     # -- environment
 
@@ -83,10 +92,11 @@ class Job:
         self.root_host = sched.host
         if self.port is None:
             self.port = self.placer.scheduler_port()
-        specs = [("scheduler", 0, sched, self.scheduler_command, self._node_env("scheduler", 0, sched))]
+        specs = [("scheduler", 0, sched, self.scheduler_command,
+                  self._node_env("scheduler", 0, sched, self.overrides["scheduler"]))]
         for rank in range(self.num_servers):
             placement = self.placer.server(rank)
-            extra = dict(self.server_env)
+            extra = dict(self.server_env, **self.overrides["server"])
             if self._fixed_server_ports:
                 extra["PORT"] = str(self.placer.server_port(rank, self.server_port_base))
             specs.append(("server", rank, placement, self.server_command,
@@ -94,7 +104,7 @@ class Job:
         for rank in range(self.num_workers):
             placement = self.placer.worker(rank)
             specs.append(("worker", rank, placement, self.command,
-                          self._node_env("worker", rank, placement, self.worker_env)))
+                          self._node_env("worker", rank, placement, dict(self.worker_env, **self.overrides["worker"]))))
         return specs
 
     # -- processes

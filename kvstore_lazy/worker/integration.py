@@ -1,4 +1,4 @@
-"""What the patched mxnet 1.9.1 calls when the switch ``KVSTORE_LAZY=1`` is on (patches/, scripts/patch_mxnet.py).
+"""What the patched mxnet 1.9.1 calls when the switch ``KVSTORE_LAZY=1`` is on (patches/, ``kvstore-lazy patch``).
 
 Owns: the behaviour of Gluon (Parameter, Trainer, Block.save_parameters) and Module (init_params, init_optimizer,
 get_params, optimizer states, fit) with lazy row_sparse weights in a dist job. The patches are one-line hooks that
@@ -23,7 +23,19 @@ In a worker of a dist job (``DMLC_ROLE=worker``) with the switch on:
 Outside a dist worker (no ``DMLC_ROLE=worker``) everything behaves as stock, switch or not, except that loading a
 checkpoint with a sidecar (:func:`loaded`: ``mx.model.load_checkpoint``, ``BaseModule.load_params``, Gluon
 ``load_parameters`` and ``ParameterDict.load``) gives every row of its lazy weights, the absent ones with the values
-the servers computed, so a local job scores the model the dist job evaluated.
+the servers computed, so a local job scores the model the dist job evaluated. The sidecar is the truth: the patched
+loaders call :func:`loaded` for a file that has one whether or not the switch is set (``loader`` in
+``mxnet/_kvstore_lazy_switch.py``); only a dist worker of a lazy job keeps the file's rows as they are.
+
+Stock servers (``KVSTORE_LAZY_SERVERS=stock``, what ``python -m kvstore_lazy.launch --server stock`` sets for
+workers that have the switch on): a stock server cannot compute a row, so each row_sparse weight is shipped in full
+by ``kv.init``, holding the values lazy servers would have computed for it (same key ids, initializer and seed), and
+everything else is stock. The same job on stock servers then starts from the lazy run's initial values, for a
+comparison loss for loss, with no key id to look up.
+
+Settings (``KVSTORE_LAZY_SEED``, ``KVSTORE_LAZY_SERVERS``) are read strictly when this module is first imported (the
+first hook: a Gluon ``initialize()``, a Module's ``init_params``): a bad value is a ConfigError naming it, and an
+unknown ``KVSTORE_LAZY_*`` name is logged as a warning with the name it most likely meant.
 
 In a dist job, rows a checkpoint does not hold get their initial values from the initializer known when the key is
 declared: for Gluon the one given to ``initialize()`` (else the parameter's own, else ``Uniform()``), for Module the
@@ -40,14 +52,14 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from kvstore_lazy import config, worker
 from kvstore_lazy.persist import checkpoint
-from kvstore_lazy import worker
 from kvstore_lazy.numerics.initializers import InitializerError, parse_initializer
 
 __all__ = ["param_defer_init", "param_reduce", "trainer_init_param", "trainer_save_states", "trainer_load_states",
            "module_init_params", "module_init_param", "initialize_kvstore_for", "module_fetch_param",
            "module_save_states", "module_load_states", "module_fit_first_batch", "atomic_save", "loaded", "seed",
-           "STATES_FORMAT"]
+           "stock_servers", "STATES_FORMAT"]
 
 log = logging.getLogger("kvstore_lazy.worker.integration")
 
@@ -55,12 +67,33 @@ STATES_FORMAT = "kvstore_lazy.states/1"
 _META = "__kvstore_lazy_meta__"
 
 
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)     # what a lazy declaration accepts (kvstore_lazy.server.declaration)
+
+
 def seed() -> int:
-    return int(os.environ.get("KVSTORE_LAZY_SEED", "0") or 0)
+    """KVSTORE_LAZY_SEED (default 0): a ConfigError naming it for anything but an integer in SEED_RANGE."""
+    return config.integer(os.environ, "KVSTORE_LAZY_SEED", 0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])
+
+
+def stock_servers() -> bool:
+    """KVSTORE_LAZY_SERVERS=stock: the job's servers are MXNet's (see the module's docstring)."""
+    return config.choice(os.environ, "KVSTORE_LAZY_SERVERS") == "stock"
+
+
+def _check_settings() -> None:
+    for line in config.unknown_warnings(os.environ):
+        log.warning("%s", line)
+    seed()
+    stock_servers()
 
 
 def _in_dist_worker() -> bool:
     return os.environ.get("DMLC_ROLE") == "worker"
+
+
+def _lazy_job() -> bool:
+    """A dist worker whose servers are kvstore_lazy's: the hooks that talk to the servers apply."""
+    return _in_dist_worker() and not stock_servers()
 
 
 def _dist(kv) -> bool:
@@ -134,11 +167,12 @@ def atomic_save(save_fn, owner=None):
 
 def loaded(fname, arrays):
     """What ``mx.nd.load(fname)`` returned, as the patched loaders (``mx.model.load_checkpoint``,
-    ``Module.load_params``, Gluon ``load_parameters``, ``ParameterDict.load``) hand it on. Outside a dist worker each
-    lazy parameter of a checkpoint with a sidecar gets every row, the absent ones with the initial values the servers
-    computed for them, so scoring the loaded model reproduces what the job evaluated. In a dist worker the arrays
-    stay as saved: a restore ships only the stored rows and the servers recompute the others on demand."""
-    if _in_dist_worker() or not isinstance(arrays, dict):
+    ``Module.load_params``, Gluon ``load_parameters``, ``ParameterDict.load``) hand it on, switch or not. Each lazy
+    parameter of a checkpoint with a sidecar gets every row, the absent ones with the initial values the servers
+    computed for them, so scoring the loaded model reproduces what the job evaluated. Only in a dist worker of a lazy
+    job (switch on, kvstore_lazy servers) the arrays stay as saved: a restore ships only the stored rows and the
+    servers recompute the others on demand."""
+    if not isinstance(arrays, dict) or (config.boolean(os.environ, "KVSTORE_LAZY") and _lazy_job()):
         return arrays
     params = checkpoint.lazy_params(fname)
     if not params:
@@ -268,13 +302,44 @@ def _materialize_gluon(param) -> None:
     del param._kvstore_lazy_init
 
 
+def _initial_rows(kid: int, shape, dtype, dumps: str) -> np.ndarray:
+    """Every row of a lazy key as kvstore_lazy servers compute it: (seed, key id, row id) -> value."""
+    spec = checkpoint.lazy_spec(json.loads(worker.lazy_spec_body(kid, shape, np.dtype(dtype).name, dumps, seed())))
+    row_shape = tuple(int(d) for d in shape[1:])
+    return checkpoint.lazy_rows(spec, np.arange(int(shape[0]), dtype=np.int64), np.zeros(0, np.int64),
+                                np.zeros((0,) + row_shape, np.dtype(dtype)))
+
+
+def _full(shape, dtype, rows: np.ndarray):
+    return _rsp(shape, np.arange(int(shape[0]), dtype=np.int64), rows, dtype)
+
+
+def _materialize_gluon_lazily(param, idx: int) -> None:
+    """Stock servers: the weight param_defer_init kept empty gets every row, with the lazy servers' values (a
+    weight that holds rows got them from a checkpoint, and keeps them)."""
+    recorded = getattr(param, "_kvstore_lazy_init", None)
+    if recorded is None:
+        return
+    if param._check_and_get(param._data, list)[0].indices.shape[0]:
+        del param._kvstore_lazy_init
+        return
+    data = _full(param.shape, param.dtype, _initial_rows(idx, param.shape, param.dtype, recorded[2]))
+    for arr in param._check_and_get(param._data, list):
+        data.copyto(arr)
+    del param._kvstore_lazy_init
+
+
 def trainer_init_param(trainer, param, idx, data) -> bool:
-    """Trainer._init_params for a row_sparse parameter: declare key `idx` lazy, kv.init only the rows `data` holds."""
+    """Trainer._init_params for a row_sparse parameter: declare key `idx` lazy, kv.init only the rows `data` holds
+    (stock servers: the stock kv.init of every row, holding the lazy initial values)."""
     if not _in_dist_worker():
         return False
     kv = trainer._kvstore
     if not _dist(kv):
         _materialize_gluon(param)
+        return False
+    if stock_servers():
+        _materialize_gluon_lazily(param, idx)
         return False
     worker.declare(kv, idx, param.shape, np.dtype(param.dtype).name, _gluon_dumps(param), seed())
     param._kvstore_lazy_spec = worker.declared(kv, idx)
@@ -284,7 +349,7 @@ def trainer_init_param(trainer, param, idx, data) -> bool:
 
 def param_reduce(param):
     """Parameter._reduce (save_parameters, reset_ctx) of a row_sparse weight: the rows that exist, not all rows."""
-    if param._stype != "row_sparse" or not _in_dist_worker() or param._trainer is None:
+    if param._stype != "row_sparse" or not _lazy_job() or param._trainer is None:
         return None
     trainer = param._trainer
     if not trainer._kv_initialized:   # as stock's _row_sparse_pull does before its pull
@@ -299,7 +364,7 @@ def param_reduce(param):
 
 
 def _trainer_lazy(trainer) -> bool:
-    return _in_dist_worker() and _dist(trainer._kvstore) and bool(trainer._update_on_kvstore)
+    return _lazy_job() and _dist(trainer._kvstore) and bool(trainer._update_on_kvstore)
 
 
 def trainer_save_states(trainer, fname) -> bool:
@@ -393,6 +458,8 @@ def initialize_kvstore_for(module):
         if not (_in_dist_worker() and _dist(kvstore) and update_on_kvstore):
             _materialize_module(module)
             return mx.model._initialize_kvstore(kvstore, param_arrays, arg_params, param_names, update_on_kvstore)
+        if stock_servers():
+            return _initialize_stock_kvstore(module, kvstore, param_arrays, arg_params, param_names)
         module.__dict__.pop("_kvstore_lazy_deferred", None)
         worker.track(kvstore)
         for idx, param_on_devs in enumerate(param_arrays):
@@ -410,8 +477,28 @@ def initialize_kvstore_for(module):
     return initialize
 
 
+def _initialize_stock_kvstore(module, kvstore, param_arrays, arg_params, param_names) -> None:
+    """Stock servers: ``_initialize_kvstore`` (update on kvstore) with each deferred row_sparse weight given every
+    row, holding the values lazy servers would have computed (its key id: its place in the string keys' order)."""
+    deferred = module.__dict__.pop("_kvstore_lazy_deferred", {})
+    worker.track(kvstore)
+    for idx, param_on_devs in enumerate(param_arrays):
+        name = param_names[idx]
+        value = arg_params[name]
+        if name in deferred:
+            kid = worker.key_id(kvstore, name)
+            _full(value.shape, value.dtype, _initial_rows(kid, value.shape, value.dtype,
+                                                          _module_key_dumps(module, name))).copyto(value)
+        if value.stype != "default":
+            kvstore.init(name, value)
+        else:
+            kvstore.broadcast(name, value, out=param_on_devs)
+    if deferred:
+        module._exec_group.set_params(module._arg_params, module._aux_params)
+
+
 def _module_lazy(module) -> bool:
-    return _in_dist_worker() and _dist(module._kvstore) and bool(module._update_on_kvstore)
+    return _lazy_job() and _dist(module._kvstore) and bool(module._update_on_kvstore)
 
 
 def module_fetch_param(module, name, value) -> bool:
@@ -448,5 +535,8 @@ def module_load_states(module, fname) -> bool:
 def module_fit_first_batch(module, data_batch, sparse_row_id_fn) -> None:
     """BaseModule.fit trains each epoch's first batch without prepare(); stock gets away with it because the
     executor holds every row. A lazy weight holds only the rows last pulled, so pull the first batch's rows too."""
-    if sparse_row_id_fn is not None and _in_dist_worker():
+    if sparse_row_id_fn is not None and _lazy_job():
         module.prepare(data_batch, sparse_row_id_fn=sparse_row_id_fn)
+
+
+_check_settings()   # at the first hook, not at the first forward
