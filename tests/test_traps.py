@@ -7,13 +7,17 @@ test_the_switch_reads_on_off_words_and_refuses_others.)
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from mxnet_copy import patched_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_BASE = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1",
@@ -29,6 +33,12 @@ def clean_env(**extra: str) -> dict:
 def run_server(**env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvstore_lazy.server"], env=clean_env(**SERVER_BASE, **env),
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def patched_mxnet(tmp_path_factory) -> Path:
+    """A private patched copy of the venv's mxnet (the PYTHONPATH entry that holds it)."""
+    return patched_copy(tmp_path_factory.mktemp("mxnet"))
 
 
 def lines(text: str, level: str) -> list[str]:
@@ -66,3 +76,176 @@ def test_trap4_a_bad_value_stops_the_server_with_one_line_naming_variable_and_va
     errors = lines(done.stderr, "ERROR")
     assert len(errors) == 1 and says in errors[0], done.stderr
     assert "registered" not in done.stderr and "scheduler" not in errors[0]
+
+
+# ---- jobs through the launcher, as a user runs them: on the venv's stock mxnet, or on a private patched copy
+
+LAUNCH_TIMEOUT = 240
+
+
+def launch(args: list[str], copy: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """``python -m kvstore_lazy.launch ARGS`` from a directory outside the checkout; `copy`: the workers' and
+    servers' mxnet is the patched copy there (first on PYTHONPATH)."""
+    full = clean_env(PYTHONPATH=f"{copy}{os.pathsep}{ROOT}" if copy else str(ROOT), **env)
+    return subprocess.run([sys.executable, "-m", "kvstore_lazy.launch", "--timeout", str(LAUNCH_TIMEOUT)] + args,
+                          env=full, cwd=str(ROOT / "tests" / "workers"), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT + 60)
+
+
+def node_lines(output: str, prefix: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(f"[{prefix}")]
+
+
+# ---- trap 2: an unpatched mxnet with KVSTORE_LAZY=1 runs the job as stock, and nothing says the switch did nothing
+
+def test_trap2_the_switch_on_an_unpatched_mxnet_is_refused_with_the_command_that_patches_it():
+    """The venv's mxnet is stock (only `make patch` patches it): the launcher refuses before starting anything."""
+    done = launch(["-n", "1", "-s", "1", sys.executable, "-c", "print('a worker')"], KVSTORE_LAZY="1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "started" not in done.stdout and not node_lines(done.stdout, "worker"), done.stdout
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1, done.stderr
+    assert "KVSTORE_LAZY=1 but the mxnet the workers import" in errors[0]
+    assert ") is stock: the switch would have no effect" in errors[0]
+    assert f"{sys.executable} -m kvstore_lazy.worker.patch" in errors[0]
+
+
+# ---- trap 5: KVSTORE_LAZY_SEED=abc ends in a raw traceback at the first forward
+
+def test_trap5_a_bad_seed_is_refused_by_name_by_the_launcher_and_by_the_worker(patched_mxnet):
+    done = launch(["-n", "1", "-s", "1", sys.executable, "-c", "print('a worker')"], KVSTORE_LAZY="1",
+                  KVSTORE_LAZY_SEED="abc")
+    assert done.returncode == 2 and "KVSTORE_LAZY_SEED='abc' is not an integer" in done.stderr, done.stderr
+    assert "started" not in done.stdout
+    # a worker started another way: its first hook (initialize(), before any kvstore or forward) refuses the seed
+    script = textwrap.dedent("""
+        import mxnet as mx
+        from kvstore_lazy.config import ConfigError
+        emb = mx.gluon.contrib.nn.SparseEmbedding(50, 4)
+        try:
+            emb.initialize()
+        except ConfigError as exc:
+            print("refused:", exc)
+        else:
+            print("initialized")
+    """)
+    env = clean_env(PYTHONPATH=f"{patched_mxnet}{os.pathsep}{ROOT}", KVSTORE_LAZY="1", DMLC_ROLE="worker",
+                    KVSTORE_LAZY_SEED="abc")
+    got = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert got.stdout.strip() == "refused: KVSTORE_LAZY_SEED='abc' is not an integer", got.stdout + got.stderr
+    env["KVSTORE_LAZY_SEED"] = str(1 << 64)
+    got = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "must be at most 18446744073709551615" in got.stdout, got.stdout + got.stderr
+
+
+# ---- traps 1, 7 and 9: one Gluon job three ways at once (tests/workers/traps_gluon.py)
+
+GLUON = ["-n", "2", "-s", "2"]
+
+
+@pytest.fixture(scope="module")
+def gluon_runs(patched_mxnet, tmp_path_factory) -> dict:
+    """kind -> (launcher result, per-rank results, checkpoint path): `lazy` (KVSTORE_LAZY=1, kvstore_lazy servers);
+    `stock_env` (trap 1: KVSTORE_LAZY=1 in the launcher's environment, --server stock); `stock_init` (trap 9, the
+    manual's way to run the job on stock servers from the lazy initial values: --server stock, the switch on for
+    the workers only)."""
+    root = tmp_path_factory.mktemp("gluon")
+    kinds = {"lazy": ([], {"KVSTORE_LAZY": "1"}),
+             "stock_env": (["--server", "stock"], {"KVSTORE_LAZY": "1"}),
+             "stock_init": (["--server", "stock", "--env-worker", "KVSTORE_LAZY:1"], {})}
+    procs = {}
+    for kind, (options, env) in kinds.items():
+        out = root / kind
+        out.mkdir()
+        full = clean_env(PYTHONPATH=f"{patched_mxnet}{os.pathsep}{ROOT}", **env)
+        procs[kind] = subprocess.Popen(
+            [sys.executable, "-m", "kvstore_lazy.launch", "--timeout", str(LAUNCH_TIMEOUT)] + GLUON + options +
+            [sys.executable, "traps_gluon.py", "--out", str(out), "--save", str(out / "emb.params")],
+            env=full, cwd=str(ROOT / "tests" / "workers"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runs = {}
+    for kind, proc in procs.items():
+        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT + 60)
+        out = root / kind
+        results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)
+                   if (out / f"rank{r}.json").exists()]
+        runs[kind] = (proc.returncode, output, results, out / "emb.params")
+    return runs
+
+
+def test_trap1_server_stock_means_stock_servers_whatever_kvstore_lazy_says(gluon_runs):
+    code, output, results, _ = gluon_runs["stock_env"]
+    assert code == 0 and len(results) == 2, output
+    banner = [line for line in output.splitlines() if line.startswith("[launch") and "servers (local)" in line]
+    assert len(banner) == 1 and "2 stock MXNet servers" in banner[0], output
+    assert "KVSTORE_LAZY=1 with stock servers" in banner[0]
+    servers = node_lines(output, "server")
+    assert not any("kvstore_lazy" in line for line in servers), servers   # MXNet's own C++ servers
+    lazy_code, lazy_output, _, _ = gluon_runs["lazy"]
+    assert lazy_code == 0 and any("kvstore_lazy server" in line for line in node_lines(lazy_output, "server"))
+    assert "2 kvstore_lazy servers" in lazy_output
+
+
+def test_trap9_stock_servers_start_from_the_lazy_initial_values(gluon_runs):
+    """--server stock with the switch on for the workers: the same rows, the same initial values, the same losses as
+    the lazy run (no key id looked up anywhere); the workers shipped full weights, so nothing lazy is saved."""
+    lazy, stock = gluon_runs["lazy"], gluon_runs["stock_init"]
+    assert lazy[0] == 0 and stock[0] == 0, lazy[1] + stock[1]
+    assert not any("kvstore_lazy" in line for line in node_lines(stock[1], "server"))
+    for rank in range(2):
+        want, got = lazy[2][rank], stock[2][rank]
+        assert got["hooks"] and want["hooks"]
+        assert got["rows"] == want["rows"]
+        np.testing.assert_array_equal(np.float32(got["init"]), np.float32(want["init"]))
+        assert np.float32(want["init"]).any()
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=0, atol=1e-6)
+    # the stock servers held every row: the stock checkpoint has them all, the untrained ones with the lazy
+    # initial values the lazy run's sidecar describes
+    from kvstore_lazy.persist import checkpoint, ndfile
+
+    (spec,) = checkpoint.lazy_params(lazy[3]).values()
+    assert not Path(f"{stock[3]}.lazy.json").exists()
+    (entry,) = ndfile.read_index(stock[3])
+    assert entry.stype == "row_sparse" and entry.shape == (2000, 4)
+    ids, values = checkpoint_rows(stock[3])
+    np.testing.assert_array_equal(ids, np.arange(2000))
+    untrained = np.setdiff1d(np.arange(2000), [3, 17, 400, 1999])
+    np.testing.assert_array_equal(values[untrained], checkpoint.lazy_rows(spec, untrained, np.zeros(0, np.int64),
+                                                                          np.zeros((0, 4), np.float32)))
+
+
+def checkpoint_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(row ids, values) of the one row_sparse entry of an mx.nd.save file, read with stock mxnet."""
+    import mxnet as mx
+
+    (value,) = mx.nd.load(str(path)).values()
+    return value.indices.asnumpy(), value.data.asnumpy()
+
+
+def test_trap7_a_lazy_checkpoint_loads_with_every_row_whether_or_not_the_switch_is_set(gluon_runs, patched_mxnet,
+                                                                                        tmp_path):
+    """The lazy run's checkpoint holds the rows trained; loaded by the patched Gluon with KVSTORE_LAZY unset, the
+    rows it does not hold come back with the initial values its sidecar describes (they used to load as zeros)."""
+    from kvstore_lazy.persist import checkpoint
+
+    path = gluon_runs["lazy"][3]
+    (spec,) = checkpoint.lazy_params(path).values()
+    script = textwrap.dedent("""
+        import sys
+        import mxnet as mx
+        import numpy as np
+        net = mx.gluon.contrib.nn.SparseEmbedding(2000, 4, prefix="emb_")
+        net.load_parameters(sys.argv[1])
+        weight = net.weight._data[0]
+        np.save(sys.argv[2], weight.tostype("default").asnumpy())
+        print(weight.indices.shape[0])
+    """)
+    for switch in ("", "0"):
+        env = clean_env(PYTHONPATH=f"{patched_mxnet}{os.pathsep}{ROOT}", KVSTORE_LAZY=switch)
+        got = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "w.npy")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0 and got.stdout.strip().splitlines()[-1] == "2000", got.stdout + got.stderr
+        weight = np.load(tmp_path / "w.npy")
+        absent = np.setdiff1d(np.arange(2000), [3, 17, 400, 1999])
+        want = checkpoint.lazy_rows(spec, absent, np.zeros(0, np.int64), np.zeros((0, 4), np.float32))
+        np.testing.assert_array_equal(weight[absent], want)
+        assert np.abs(weight[absent]).min() > 0
