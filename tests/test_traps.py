@@ -249,3 +249,60 @@ def test_trap7_a_lazy_checkpoint_loads_with_every_row_whether_or_not_the_switch_
         want = checkpoint.lazy_rows(spec, absent, np.zeros(0, np.int64), np.zeros((0, 4), np.float32))
         np.testing.assert_array_equal(weight[absent], want)
         assert np.abs(weight[absent]).min() > 0
+
+
+# ---- trap 8: 'kvstore-lazy[worker]' promised the patches, but the wheel shipped neither them nor the tool
+
+def checkout_copy(dest: Path) -> Path:
+    """The checkout's tracked files as they are now (what an sdist or a clone holds), without build products."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                           timeout=60).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = ROOT / name
+        if source.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    return dest
+
+
+def test_trap8_the_wheel_ships_the_patches_and_one_command_applies_checks_and_reverts_them(tmp_path):
+    from mxnet_copy import copy_mxnet
+    from test_patches import tree
+
+    source = checkout_copy(tmp_path / "src")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                            str(source)], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp_path / "dist").glob("kvstore_lazy-*.whl")
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    shipped = sorted(p.name for p in (site / "kvstore_lazy" / "worker" / "patches").glob("*.diff"))
+    assert shipped == sorted(p.name for p in (ROOT / "patches").glob("*.diff"))
+
+    copy = copy_mxnet(tmp_path / "mxnet")
+    stock = tree(copy / "mxnet")
+    # the installed package alone (no checkout on the path), the mxnet `import mxnet` finds in that Python
+    env = clean_env(PYTHONPATH=f"{copy}{os.pathsep}{site}")
+
+    def patch(*args: str, module: str = "kvstore_lazy.worker.patch") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=str(tmp_path), capture_output=True,
+                              text=True, timeout=120)
+
+    check = patch("--check")
+    assert check.returncode == 1 and "stock, so KVSTORE_LAZY=1 has no effect" in check.stdout, check.stdout
+    assert f"{sys.executable} -m kvstore_lazy.worker.patch" in check.stdout
+    done = patch()
+    assert done.returncode == 0 and done.stdout.count("patched mxnet/") == 8, done.stdout + done.stderr
+    where = subprocess.run([sys.executable, "-c", "import kvstore_lazy.worker.patch as p; print(p.PATCH_DIR)"],
+                           env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip() == str(site / "kvstore_lazy" / "worker" / "patches"), where.stdout + where.stderr
+    again = patch("patch", module="kvstore_lazy")   # kvstore-lazy patch: the same command, idempotent
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    assert patch("--check").returncode == 0
+    assert patch("patch", "--check", module="kvstore_lazy").returncode == 0
+    reverted = patch("--revert")
+    assert reverted.returncode == 0 and reverted.stdout.count("reverted mxnet/") == 8, reverted.stdout
+    assert tree(copy / "mxnet") == stock
