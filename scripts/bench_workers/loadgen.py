@@ -66,6 +66,7 @@ class SimWorkers:
         self.n, self.host, self.timeout = n, host, timeout
         self.scheduler = f"tcp://{root_uri}:{root_port}"
         self.ctx = zmq.Context()
+        self.sockets: list[zmq.Socket] = []      # every socket made, so close() can end the context
         self.routers: list[zmq.Socket] = []
         self.ports: list[int] = []
         self.poller = zmq.Poller()
@@ -87,6 +88,7 @@ class SimWorkers:
 
     def _socket(self, kind: int, identity: bytes | None = None, connect: str | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
+        self.sockets.append(sock)
         sock.setsockopt(zmq.LINGER, 0)
         if kind == zmq.DEALER:
             sock.setsockopt(zmq.SNDHWM, 0)
@@ -203,7 +205,8 @@ class SimWorkers:
         return self.call_all({i: request})[i]
 
     def close(self) -> None:
-        for sock in self.routers + self.to_scheduler + self.to_server:
+        """Close every socket (also those of a registration that failed half-way), then the context."""
+        for sock in self.sockets:
             sock.close(linger=0)
         self.ctx.term()
 
