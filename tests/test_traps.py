@@ -306,3 +306,17 @@ def test_trap8_the_wheel_ships_the_patches_and_one_command_applies_checks_and_re
     reverted = patch("--revert")
     assert reverted.returncode == 0 and reverted.stdout.count("reverted mxnet/") == 8, reverted.stdout
     assert tree(copy / "mxnet") == stock
+
+
+# ---- trap 10: MXNet's batch-size trap on this path, and the manual's fix (docs/guides/existing-jobs.md)
+
+def test_trap10_the_manuals_fix_for_the_batch_size_warning(gluon_runs, patched_mxnet, tmp_path):
+    """trainer.step(batch_size) after a row_sparse_data pull raises MXNet's UserWarning on a dist kvstore; the
+    manual's rescale_grad=1/batch_size with step(1) (what every run of gluon_runs does) trains without it."""
+    guide = (ROOT / "docs" / "guides" / "existing-jobs.md").read_text()
+    assert '"rescale_grad": 1.0 / batch_size}' in guide and "trainer.step(1)" in guide
+    assert all(run[0] == 0 for run in gluon_runs.values())
+    done = launch(["-n", "1", "-s", "1", sys.executable, "traps_gluon.py", "--out", str(tmp_path), "--step-by-batch"],
+                  copy=patched_mxnet, KVSTORE_LAZY="1")
+    assert done.returncode != 0 and "Possible change in the `batch_size` from previous `step`" in done.stdout, \
+        done.stdout + done.stderr

@@ -22,14 +22,15 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--save", default="")
 p.add_argument("--steps", type=int, default=3)
+p.add_argument("--step-by-batch", action="store_true", help="the tutorial's trainer.step(batch_size) (MXNet raises)")
 args = p.parse_args()
 
 BATCH = 3
 kv = mx.kv.create("dist_sync")
 net = gluon.contrib.nn.SparseEmbedding(2000, 4, weight_initializer=mx.init.Uniform(0.1), prefix="emb_")
 net.initialize()
-trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5, "rescale_grad": 1.0 / BATCH},
-                        kvstore=kv)
+optimizer = {"learning_rate": 0.5} if args.step_by_batch else {"learning_rate": 0.5, "rescale_grad": 1.0 / BATCH}
+trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer, kvstore=kv)
 ids = mx.nd.array([[3, 17, 1999], [17, 400, 3]][kv.rank])
 first = net.weight.row_sparse_data(ids)
 result = {"rows": first.indices.asnumpy().tolist(), "init": first.data.asnumpy().tolist(), "losses": []}
@@ -38,7 +39,7 @@ for step in range(args.steps):
     with autograd.record():
         loss = (net(ids) ** 2).sum()
     loss.backward()
-    trainer.step(1)
+    trainer.step(BATCH if args.step_by_batch else 1)
     result["losses"].append(float(loss.asscalar()))
 mx.nd.waitall()
 kv._barrier()
