@@ -3,10 +3,10 @@
 
 Owns: the list of commands, the server's options (each one an environment variable's spelling), and the readiness
 probe's exit status. Each command delegates to the room that does the work: ``server`` to kvstore_lazy.node.runtime,
-``launch`` to kvstore_lazy.launch, ``densify`` and ``inspect`` to kvstore_lazy.persist.densify, ``ready`` to
-kvstore_lazy.node.placement, ``patch`` to kvstore_lazy.worker.patch. Those are imported only when their command runs:
-a server process does not load the launcher or the checkpoint tools, and neither ``densify`` nor ``patch`` imports
-mxnet.
+``launch`` to kvstore_lazy.launch, ``densify`` and ``inspect`` to kvstore_lazy.persist.densify, ``reshard`` to
+kvstore_lazy.persist.reshard, ``ready`` to kvstore_lazy.node.placement, ``patch`` to kvstore_lazy.worker.patch.
+Those are imported only when their command runs: a server process does not load the launcher or the checkpoint
+tools, and neither ``densify`` nor ``patch`` imports mxnet.
 """
 from __future__ import annotations
 
@@ -124,6 +124,12 @@ def _inspect(argv: list[str], prog: str) -> int:
     return inspect_main(argv, prog=prog)
 
 
+def _reshard(argv: list[str], prog: str) -> int:
+    from kvstore_lazy.persist.reshard import reshard_main
+
+    return reshard_main(argv, prog=prog)
+
+
 def _patch(argv: list[str], prog: str) -> int:
     from kvstore_lazy.worker.patch import main as patch_main
 
@@ -137,6 +143,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str], str], int]]] = {
     "densify": ("write a stock MXNet file with the absent rows of a checkpoint's lazy parameters filled in",
                 _densify),
     "inspect": ("print what a checkpoint file (and its sidecar) or a server snapshot directory holds", _inspect),
+    "reshard": ("write a server snapshot directory for another number of servers (grow or shrink a job)",
+                _reshard),
     "ready": ("exit 0 if the server writing a status file is alive and serving (a readiness probe)", ready_main),
     "patch": ("apply (--check, --revert) the Gluon/Module patches to this Python's mxnet 1.9.1 (for KVSTORE_LAZY=1)",
               _patch),

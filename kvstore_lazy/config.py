@@ -113,6 +113,10 @@ VARIABLES: tuple[Variable, ...] = (
     _v("KVSTORE_LAZY_RESUME", "choice", "auto", "server",
        "What a fresh start loads from the snapshot directory: `auto` (the tagged snapshot, else the latest), "
        "`tagged`, `latest` or `none`.", ("auto", "tagged", "latest", "none")),
+    _v("KVSTORE_LAZY_RESTORE_FROM", "path", "", "server",
+       "A snapshot directory another job wrote, with any number of servers: at a fresh start with nothing to "
+       "resume in its own KVSTORE_LAZY_SNAPSHOT_DIR (which it needs), each server restores the rows of its range "
+       "(`kvstore-lazy reshard` does the same offline). The directory is never changed."),
     _v("KVSTORE_LAZY_JOURNAL", "bool", "0", "server",
        "Journal every request since the last snapshot (what a restarted server replays). Needs SNAPSHOT_DIR."),
     _v("KVSTORE_LAZY_JOURNAL_FSYNC", "bool", "0", "server",

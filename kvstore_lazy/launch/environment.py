@@ -3,7 +3,8 @@ and what ``--env NAME:VALUE`` and ``--restart-servers`` add.
 
 Owns: the DMLC_* environment of a node (role, scheduler address, counts, its own host, its task id), which of this
 machine's variables go to a node started over ssh (MXNet's ssh launcher's list, plus every ps-lite, MXNet and
-kvstore_lazy variable), the parsing of ``--env``, and the settings server recovery needs.
+kvstore_lazy variable), the parsing of ``--env``, the settings server recovery needs, and what ``--restore-from``
+sets.
 Does not own: where a node runs (``placement``) or starting it (``job``).
 
 Server recovery (--restart-servers N): a kvstore_lazy server that dies is restarted with KVSTORE_LAZY_RECOVERY=1 at
@@ -80,3 +81,17 @@ def add_restart_settings(env: dict, server_env: dict) -> None:
     if c_atoi(env.get("PS_RESEND") or os.environ.get("PS_RESEND", "0")) == 0:
         raise LaunchError("--restart-servers needs PS_RESEND=1 on every node (it is how workers re-send what "
                           "died with a server)")
+
+
+def add_restore_settings(directory: str, env: dict, server_env: dict) -> None:
+    """What --restore-from DIR sets: KVSTORE_LAZY_RESTORE_FROM for the servers. LaunchError without a snapshot
+    directory of the job's own (a server restores only at a fresh start with nothing to resume there, and writes
+    its own snapshots there: the old job's directory is never written), or if it is the old job's."""
+    own = (server_env.get("KVSTORE_LAZY_SNAPSHOT_DIR") or env.get("KVSTORE_LAZY_SNAPSHOT_DIR")
+           or os.environ.get("KVSTORE_LAZY_SNAPSHOT_DIR"))
+    if not own:
+        raise LaunchError("--restore-from needs --snapshot-dir (this job's own snapshot directory)")
+    if os.path.abspath(own) == os.path.abspath(directory):
+        raise LaunchError(f"--restore-from {directory} is this job's --snapshot-dir: give the new job a directory "
+                          f"of its own (or run with the old server count and no --restore-from)")
+    server_env["KVSTORE_LAZY_RESTORE_FROM"] = directory

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 
-from kvstore_lazy.launch.environment import add_restart_settings, parse_env
+from kvstore_lazy.launch.environment import add_restart_settings, add_restore_settings, parse_env
 from kvstore_lazy.launch.errors import LaunchError
 from kvstore_lazy.launch.job import LAZY_SERVER, STOCK_NODE, Job
 from kvstore_lazy.launch.placement import (DEFAULT_PORT, DEFAULT_SERVER_PORT_BASE, LocalPlacer, NetnsPlacer, Placer,
@@ -56,6 +56,9 @@ def build_parser(prog: str = "python -m kvstore_lazy.launch") -> argparse.Argume
                    help="servers snapshot into this directory (KVSTORE_LAZY_SNAPSHOT_DIR; a path on each server host)")
     p.add_argument("--snapshot-interval", type=float, default=None,
                    help="seconds between periodic server snapshots (KVSTORE_LAZY_SNAPSHOT_INTERVAL)")
+    p.add_argument("--restore-from", default=None, metavar="DIR",
+                   help="servers of this fresh job start from the snapshots another job wrote in DIR, with any number "
+                        "of servers (KVSTORE_LAZY_RESTORE_FROM; needs --snapshot-dir, this job's own)")
     p.add_argument("--restart-servers", type=int, default=0, metavar="N",
                    help="restart a dead kvstore_lazy server up to N times; it rejoins from its snapshot and journal "
                         "(needs --snapshot-dir; turns on KVSTORE_LAZY_JOURNAL and PS_RESEND)")
@@ -81,6 +84,8 @@ def job_from_args(args, out=sys.stdout) -> Job:
         server_env["KVSTORE_LAZY_SNAPSHOT_DIR"] = args.snapshot_dir
     if args.snapshot_interval is not None:
         server_env["KVSTORE_LAZY_SNAPSHOT_INTERVAL"] = str(args.snapshot_interval)
+    if args.restore_from:
+        add_restore_settings(args.restore_from, env, server_env)
     if args.restart_servers:
         add_restart_settings(env, server_env)
     placer = placer_from_args(args, num_servers)

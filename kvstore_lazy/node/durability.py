@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore_lazy.node import placement, recovery
+from kvstore_lazy.node import placement, recovery, restore_from
 from kvstore_lazy.node.clock import Clock
 from kvstore_lazy.node.delivery import Delivery
 from kvstore_lazy.node.errors import StartupError
@@ -73,6 +73,7 @@ class Durability:
         self.journal: journal_mod.Journal | None = None
         self.chain: checkpoint.SnapshotChain | None = None   # where periodic snapshots go (base or delta)
         self.gate: ResumeGate | None = None
+        self.declarations: restore_from.DeclarationCheck | None = None   # a restored server's declarations
         self.snapshot_due = False
         self._snapshot_seq = -1          # journal seq the last snapshot includes
         self._replaying = False
@@ -99,6 +100,8 @@ class Durability:
     def process(self, msg: Message) -> list[tuple[int, Message]]:
         """One request through the resume gate and the KVServer (also what journal replay runs)."""
         assert self.server is not None
+        if self.declarations is not None:
+            self.declarations.check(msg)
         if self.gate is not None and self.gate.active:
             replies = self.gate.intercept(self.server.key_range, msg)
             if replies is not None:
@@ -216,12 +219,18 @@ class Durability:
             if loaded is not None:
                 break
         else:
-            log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base, choice)
-            return
+            other = restore_from.restore_dir()     # another job's snapshots, any server count (persist.reshard)
+            if not other:
+                log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base,
+                         choice)
+                return
+            directory, loaded = Path(other), restore_from.load(other, rank, self.server.num_servers)
         manifest = loaded.manifest
         self._restore(directory, loaded)
         server_meta = manifest.get("server", {})
         self.gate = ResumeGate(self.server.key_ids(), self.server.optimizer_body)
+        self.declarations = restore_from.DeclarationCheck(
+            {spec.key: spec.to_json() for spec in self.server.specs.values()}, str(directory))
         log.info("restored snapshot of rank %d from %s%s: %d keys; this job's kv.init pushes of them will be dropped",
                  rank, directory, f" (tag {json.dumps(server_meta.get('tag'))})" if "tag" in server_meta else "",
                  len(manifest["keys"]))
@@ -240,7 +249,8 @@ class Durability:
         manifest = loaded.manifest
         if manifest.get("num_servers") != self.server.num_servers:
             raise StartupError(f"snapshot in {directory} was written by {manifest.get('num_servers')} servers, "
-                               f"this job has {self.server.num_servers}; restore through a worker checkpoint")
+                               f"this job has {self.server.num_servers}; reshard it (kvstore-lazy reshard, or "
+                               f"KVSTORE_LAZY_RESTORE_FROM)")
         self.server.restore(manifest.get("server", {}), loaded.tables)
 
     def new_epoch(self) -> None:

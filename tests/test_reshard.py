@@ -1,0 +1,160 @@
+"""Growing and shrinking a job's servers (persist/reshard.py, node/restore_from.py): a dist_sync job of stock
+MXNet 1.9.1 workers trains N steps on 2 servers and stops (its servers' shutdown snapshots); a job of 3 servers
+(KVSTORE_LAZY_RESTORE_FROM, the online form) and one of 1 server (kvstore-lazy reshard, the offline form) restore
+from them and train M more steps. The final model, every stored row's optimizer states and the update counts must
+equal, bit for bit, those of a 2-server job that trained N + M steps straight through. A damaged, partial or
+unknown-format source is refused by name and never changed; a declaration that differs from the snapshot's is
+refused naming the key and both values."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore_lazy.launch import Job
+from kvstore_lazy.persist import reshard, snapshots
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "workers" / "reshard_train.py"
+ENV = {"OMP_NUM_THREADS": "1", "MXNET_KVSTORE_BIGARRAY_BOUND": "10000", "PYTHONPATH": str(ROOT)}
+N, M = 6, 6
+
+
+def run_job(out: Path, servers: int, start: int, steps: int, server_env: dict, extra: list[str] = ()) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(WORKER), "--out", str(out), "--start", str(start), "--steps", str(steps),
+               *extra]
+    with open(out / "job.log", "w") as log:
+        job = Job(command, 2, servers, env=dict(ENV), server_env=server_env, out=log)
+        try:
+            job.start()
+            return job.supervise(150)
+        finally:
+            job.stop()
+
+
+def final(out: Path) -> dict:
+    with np.load(out / "final.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def one_server(snap: Path, tmp: Path) -> snapshots.Loaded:
+    """A job's shutdown snapshots re-cut for one server: the whole model in one place, whatever the server count."""
+    dst = tmp / f"one-{hashlib.sha1(str(snap).encode()).hexdigest()[:8]}"
+    reshard.reshard(snap, dst, 1, bound=10000, log=lambda line: None)
+    loaded = snapshots.load_snapshot(dst, 0)
+    assert loaded is not None
+    return loaded
+
+
+def assert_same_state(a: snapshots.Loaded, b: snapshots.Loaded) -> None:
+    assert sorted(a.tables) == sorted(b.tables) == [3, 4, 5]
+    for key in a.tables:
+        x, y = a.tables[key], b.tables[key]
+        for name in ("row_ids", "weights"):
+            assert x[name].tobytes() == y[name].tobytes(), f"key {key}: {name} differ"
+        assert len(x["states"]) == len(y["states"]) == 1, f"key {key}: momentum state missing"
+        for i, (s, t) in enumerate(zip(x["states"], y["states"])):
+            assert s.tobytes() == t.tobytes(), f"key {key}: optimizer state {i} differs"
+    counts = [m.manifest["server"]["optimizer_counts"] for m in (a, b)]
+    assert counts[0] == counts[1] and counts[0]["counts"] == {"3": N + M, "4": N + M, "5": N + M}
+
+
+def tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reshard")
+    assert run_job(base / "straight", 2, 0, N + M, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(base / "straight/snap")}) == 0
+    assert run_job(base / "first", 2, 0, N, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(base / "first/snap")}) == 0
+    return base
+
+
+@pytest.mark.integration
+def test_grow_to_three_servers_online(jobs, tmp_path):
+    src = jobs / "first" / "snap"
+    before = tree(src)
+    out = tmp_path / "grown"
+    code = run_job(out, 3, N, N + M, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"),
+                                      "KVSTORE_LAZY_RESTORE_FROM": str(src)})
+    log = (out / "job.log").read_text()
+    assert code == 0, log[-5000:]
+    assert "KVSTORE_LAZY_RESTORE_FROM=" in log and "kv.init push from worker 0 is dropped" in log
+    assert "keeping its states and counts" in log
+    want, got = final(jobs / "straight"), final(out)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    assert_same_state(one_server(jobs / "straight" / "snap", tmp_path), one_server(out / "snap", tmp_path))
+    assert tree(src) == before, "the source directory changed"
+
+
+@pytest.mark.integration
+def test_shrink_to_one_server_offline(jobs, tmp_path):
+    src, dst = jobs / "first" / "snap", tmp_path / "one"
+    before = tree(src)
+    done = subprocess.run([sys.executable, "-m", "kvstore_lazy", "reshard", str(src), str(dst), "--servers", "1"],
+                          capture_output=True, text=True, timeout=120, env={**ENV, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert snapshots.snapshot_ranks(dst) == [0] and tree(src) == before
+    out = tmp_path / "shrunk"
+    code = run_job(out, 1, N, N + M, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(dst)})
+    assert code == 0, (out / "job.log").read_text()[-5000:]
+    want, got = final(jobs / "straight"), final(out)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    assert_same_state(one_server(jobs / "straight" / "snap", tmp_path), one_server(dst, tmp_path))
+
+
+@pytest.mark.integration
+def test_another_declaration_is_refused_naming_both_values(jobs, tmp_path):
+    out = tmp_path / "other-seed"
+    code = run_job(out, 3, N, N + M, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"),
+                                      "KVSTORE_LAZY_RESTORE_FROM": str(jobs / "first" / "snap")}, ["--seed", "8"])
+    log = (out / "job.log").read_text()
+    assert code != 0
+    assert "key 3 is declared by this job with seed 8 (restored: 7)" in log, log[-4000:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# refusals (the source of the jobs above, copied and damaged)
+
+
+@pytest.fixture
+def source(jobs, tmp_path):
+    copy = tmp_path / "src"
+    for rank in (0, 1):
+        for file in (jobs / "first" / "snap" / f"rank{rank}").iterdir():
+            (copy / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+            (copy / f"rank{rank}" / file.name).write_bytes(file.read_bytes())
+    return copy
+
+
+@pytest.mark.integration
+def test_a_damaged_file_is_refused_by_name(source, tmp_path):
+    victim = source / "rank0" / "key3.npz"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(snapshots.SnapshotError, match=str(victim)):
+        reshard.reshard(source, tmp_path / "out", 3)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+@pytest.mark.integration
+def test_a_partial_or_unknown_source_is_refused(source, tmp_path):
+    manifest = source / "rank1" / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text(json.dumps(dict(json.loads(text), format=7)))
+    with pytest.raises(snapshots.SnapshotError, match=f"{manifest}: unknown snapshot format 7"):
+        reshard.reshard(source, tmp_path / "out", 3)
+    manifest.unlink()
+    with pytest.raises(reshard.ReshardError, match="partial source"):
+        reshard.reshard(source, tmp_path / "out", 3)
+    done = subprocess.run([sys.executable, "-m", "kvstore_lazy.persist.reshard", str(source), str(tmp_path / "o"),
+                           "--servers", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "partial source" in done.stderr and len(done.stderr.splitlines()) == 1
