@@ -111,8 +111,8 @@ PRESETS = {
         "tiered": {"dim": 32, "batch": 8192, "scale_rows": 2_000_000, "scale_input_dim": 4_000_000,
                    "scale_budget": "128MiB", "zipf_budget": "16MiB", "zipf_steps": 40},
         "saturation": {"workers": [1, 8], "batches": [512, 8192], "modes": ["dist_sync", "dist_async"],
-                       "input_dim": 1_000_000, "dim": 32, "warmup": 0.3, "closed": 1.0, "open": 0.6,
-                       "levels": [0.1, 0.5, 0.8, 1.0], "dense_seconds": 0.5, "timeout": 120},
+                       "input_dim": 200_000, "dim": 32, "warmup": 0.3, "closed": 0.8, "open": 0.5,
+                       "levels": [0.1, 0.8, 1.0], "min_steps": 20, "dense_seconds": 0.5, "timeout": 120},
         "timeout": 240,
     },
     "full": {
@@ -135,7 +135,8 @@ PRESETS = {
                    "scale_budget": "1GiB", "zipf_budget": "256MiB", "zipf_steps": 120, "zipf_repeats": 3},
         "saturation": {"workers": [1, 2, 4, 8, 16], "batches": [512, 8192], "modes": ["dist_sync", "dist_async"],
                        "input_dim": 1_000_000, "dim": 32, "warmup": 0.5, "closed": 2.0, "open": 1.2,
-                       "levels": [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0], "dense_seconds": 1.0, "timeout": 240},
+                       "levels": [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0], "min_steps": 40, "dense_seconds": 1.0,
+                       "timeout": 300},
         "timeout": 1800,
     },
 }
@@ -1340,12 +1341,17 @@ def saturation_argv(c: dict, impl: str, mode: str) -> list[str]:
         "--server", impl, "--mode", mode, "--input-dim", str(c["input_dim"]), "--dim", str(c["dim"]),
         "--batches", ",".join(map(str, c["batches"])), "--warmup-seconds", str(c["warmup"]),
         "--closed-seconds", str(c["closed"]), "--open-seconds", str(c["open"]),
-        "--levels", ",".join(map(str, c["levels"])), "--dense-seconds", str(c["dense_seconds"])]
+        "--levels", ",".join(map(str, c["levels"])), "--min-steps", str(c["min_steps"]),
+        "--dense-seconds", str(c["dense_seconds"])]
 
 
 def scenario_saturation(bench: Bench) -> tuple[str, dict]:
     c = bench.cfg["saturation"]
-    gather = gather_limit.measure(c["input_dim"], c["dim"], max(c["batches"]))
+    earlier = bench.out / "results.json"
+    gather = None
+    if bench.args.report_only and earlier.exists():   # the limit the run measured, not today's
+        gather = json.loads(earlier.read_text()).get("scenarios", {}).get("saturation", {}).get("gather")
+    gather = gather or gather_limit.measure(1_000_000, c["dim"], max(c["batches"]))
     jobs, failed, loads = [], [], []
     for mode in c["modes"]:
         for n in c["workers"]:
@@ -1370,7 +1376,8 @@ def scenario_saturation(bench: Bench) -> tuple[str, dict]:
              f"closed-loop ({c['closed']} s after {c['warmup']} s warm-up): each worker starts its next step when "
              f"the last one is answered; this is the saturation point at that N. Open-loop ({c['open']} s each): "
              f"steps start at {', '.join(f'{x:g}' for x in c['levels'])} x that rate (dist_sync: all workers at "
-             f"the same instants), one step in flight per worker; latency counts from when a step was due",
+             f"the same instants), one step in flight per worker, each level lasting until {c['min_steps']} steps "
+             f"were due (at most {3 * c['open']:g} s); latency counts from when a step was due",
              "knee: the lowest open-loop offered load whose p99 is at least twice the p99 at the lightest level "
              "(- : it never doubled within the levels run)",
              "server cores: the server process's CPU seconds (all threads, /proc/<pid>/stat) per wall second of "

@@ -12,7 +12,7 @@ server then wait for N workers, and this process is all N of them.
 
     DMLC_* (from the launcher) python scripts/bench_workers/loadgen_job.py --out OUT --server lazy|stock
         [--input-dim 1000000] [--dim 32] [--batches 512,8192] [--closed-seconds 2] [--open-seconds 1.5]
-        [--levels 0.1,0.5,0.8,1.0] [--dense-seconds 1]
+        [--levels 0.1,0.5,0.8,1.0] [--min-steps 40] [--dense-seconds 1]
 
 The row_sparse key (input_dim, D): our server gets what kvstore_lazy.worker.init_lazy sends (LAZY_DECLARE from every
 worker, then rank 0's init push with no rows); the stock server the full Uniform(0.07) weight, as a stock user's
@@ -53,6 +53,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--open-seconds", type=float, default=1.5)
     p.add_argument("--levels", default="0.1,0.3,0.5,0.7,0.8,0.9,1.0,1.2",
                    help="open-loop rates as fractions of the closed-loop rate at this N and B")
+    p.add_argument("--min-steps", type=int, default=40,
+                   help="an open-loop phase lasts until this many steps were due (at most 3x --open-seconds), so "
+                        "that a light level has enough samples for a p99")
     p.add_argument("--dense-seconds", type=float, default=1.0)
     p.add_argument("--dense-rate", type=float, default=100.0, help="dense steps per second, all workers")
     p.add_argument("--seed", type=int, default=1)
@@ -62,11 +65,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def setup(workers: SimWorkers, args: argparse.Namespace, begin: int) -> float:
     """Everything before the phases, in a stock worker's order; returns the init's seconds."""
+    body = wire.optimizer_body()     # imports mxnet (~2 s) while the scheduler and the server start
     workers.register()
     workers.barrier(wire.ALL_GROUP)
     if args.mode == "dist_sync":
         workers.call(0, wire.command(proto.SYNC_MODE))       # rank 0, in mx.kv.create
-    body = wire.optimizer_body()
     workers.call_all({i: wire.command(proto.CONTROLLER, body) for i in range(workers.n)})
     started = time.perf_counter()
     if args.server == "lazy":
@@ -109,7 +112,8 @@ def batch_phases(workers: SimWorkers, args: argparse.Namespace, res: Results, be
     steps_per_s = closed["steps"] / closed["seconds"]
     for level in (float(x) for x in args.levels.split(",") if x):
         rate = max(level * steps_per_s, 1.0)
-        phase = run_steps(workers, Plan(steps, args.open_seconds, rate=rate, synchronous=sync,
+        seconds = min(max(args.open_seconds, args.min_steps / rate), 3 * args.open_seconds)
+        phase = run_steps(workers, Plan(steps, seconds, rate=rate, synchronous=sync,
                                         drain_timeout=args.timeout), pid)
         res.add(kind="phase", level=level, **phase)
 

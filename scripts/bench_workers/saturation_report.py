@@ -117,18 +117,21 @@ def table_rows(rows: list[dict], curves: list[dict], gather: dict) -> list[list[
         k = curve.get("knee")
         per_core = _per_core(r)
         us_per_row = 1e6 * r["server_cores"] / r["rows_per_s"] if r.get("server_cores") and r["rows_per_s"] else None
+        light, loaded = _level(curve, LIGHT_LEVEL), _level(curve, LOAD_LEVEL)
         out.append([r["mode"], r["server"], str(r["workers"]), str(r["batch"]), _fmt(r["rows_per_s"]),
                     _fmt(r["server_cores"], ".2f"), _fmt(per_core), _fmt(us_per_row, ".3f"),
                     _fmt(r["p50_ms"], ".2f"), _fmt(r["p99_ms"], ".2f"),
+                    _fmt(light["p50_ms"] if light else None, ".2f"), _fmt(loaded["p99_ms"] if loaded else None, ".2f"),
                     _fmt(k["offered_rows_per_s"] if k else None) if curve.get("points") else "-",
                     _fmt(curve.get("loadgen_cores"), ".2f")])
     out.append(["gather limit", "numpy", "-", str(gather["batch"]), _fmt(gather["rows_per_s"]), "1.00",
-                _fmt(gather["rows_per_cpu_s"]), _fmt(1e6 / gather["rows_per_cpu_s"], ".3f"), "-", "-", "-", "-"])
+                _fmt(gather["rows_per_cpu_s"]), _fmt(1e6 / gather["rows_per_cpu_s"], ".3f")] + ["-"] * 6)
     return out
 
 
 HEADERS = ["mode", "server", "N", "B", "rows/s", "server cores", "rows/s per core", "CPU us/row", "p50 (closed)",
-           "p99 (closed)", "knee (offered rows/s)", "loadgen cores"]
+           "p99 (closed)", f"p50 @{LIGHT_LEVEL:.0%}", f"p99 @{LOAD_LEVEL:.0%}", "knee (offered rows/s)",
+           "loadgen cores"]
 
 
 def build(jobs: list[dict], gather: dict, modes: list[str]) -> tuple[list[list[str]], dict, list[str]]:
