@@ -1,0 +1,240 @@
+"""Tests for kvstore_lazy/numerics/catchup/: dense-update semantics for lazily stored rows, against MXNet 1.9.1.
+
+Each case runs the same job twice: through mxnet's own Updater on a row_sparse weight that holds every row (what the
+stock server stores: its updater sees the merged row_sparse gradient of each round), and through a lazy table whose
+rows are only brought to the current step when the job touches them (catch_up to the step before, then
+touched_update, then the step's scalars recorded). Every row and every state, stored or only read, must be
+bit-identical to mxnet's after any number of steps, for random touches, empty rounds, schedulers, wd, clip,
+rescale and multipliers. The long runs (10k steps) check rows that waited thousands of steps, and rows never
+touched, answered from their initial value without being stored.
+"""
+import os
+import pickle
+import zlib
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+from kvstore_lazy.numerics import catchup
+from kvstore_lazy.numerics.catchup import StepLog, catch_up, replay_cost, rule_for, touched_update
+from kvstore_lazy.numerics.optimizers import load_optimizer
+
+os.environ.setdefault('MXNET_STORAGE_FALLBACK_LOG_VERBOSE', '0')
+OPT, LRS = mx.optimizer, mx.lr_scheduler
+KEY = 3
+
+
+def _mults(opt):
+    opt.idx2name = {KEY: 'emb_weight'}
+    opt.set_lr_mult({'emb_weight': 0.5})
+    opt.set_wd_mult({'emb_weight': 3.0})
+    return opt
+
+
+CASES = {
+    'sgd-wd': lambda: OPT.SGD(learning_rate=0.1, wd=1e-2, lazy_update=False),
+    'sgd-wd-clip-rescale-factor': lambda: OPT.SGD(
+        wd=1e-2, clip_gradient=0.3, rescale_grad=0.5, lazy_update=False,
+        lr_scheduler=LRS.FactorScheduler(step=7, factor=0.7, base_lr=0.2)),
+    'sgd-mom-wd': lambda: OPT.SGD(learning_rate=0.1, momentum=0.9, wd=1e-2, lazy_update=False),
+    'sgd-mom-clip-cosine-mults': lambda: _mults(OPT.SGD(
+        momentum=0.8, wd=1e-3, clip_gradient=0.5, rescale_grad=0.25, lazy_update=False,
+        lr_scheduler=LRS.CosineScheduler(max_update=30, base_lr=0.1, warmup_steps=3))),
+    'sgd-mom-nowd': lambda: OPT.SGD(learning_rate=0.1, momentum=0.9, lazy_update=False),
+    'nag-mom-wd': lambda: OPT.NAG(learning_rate=0.1, momentum=0.9, wd=1e-2),
+    'nag-mom-clip-rescale-multifactor': lambda: _mults(OPT.NAG(
+        momentum=0.7, wd=1e-2, clip_gradient=0.3, rescale_grad=0.5,
+        lr_scheduler=LRS.MultiFactorScheduler([5, 15], factor=0.5, base_lr=0.2))),
+    'signum-wd': lambda: OPT.Signum(learning_rate=0.01, momentum=0.9, wd=1e-2),
+    'signum-wdlh-clip-rescale': lambda: OPT.Signum(learning_rate=0.02, momentum=0.7, wd=1e-3, wd_lh=0.05,
+                                                    clip_gradient=0.2, rescale_grad=0.5),
+    'signsgd-wd': lambda: OPT.Signum(learning_rate=0.01, momentum=0.0, wd=1e-2),
+    'rmsprop': lambda: OPT.RMSProp(learning_rate=0.01),
+    'rmsprop-wd-clipw-clipg': lambda: OPT.RMSProp(learning_rate=0.01, wd=1e-2, clip_weights=0.9,
+                                                  clip_gradient=1.0, rescale_grad=0.5),
+    'rmsprop-centered-wd': lambda: OPT.RMSProp(centered=True, learning_rate=0.01, gamma1=0.95, gamma2=0.9,
+                                               wd=1e-2),
+    'rmsprop-centered-poly-mults': lambda: _mults(OPT.RMSProp(
+        centered=True, clip_weights=1.5, wd=1e-3,
+        lr_scheduler=LRS.PolyScheduler(max_update=30, base_lr=0.01, pwr=2, warmup_steps=2))),
+    'adam-wd': lambda: OPT.Adam(learning_rate=0.01, wd=1e-2, lazy_update=False),
+    'adam-nowd': lambda: OPT.Adam(learning_rate=0.01, lazy_update=False),
+    'adam-wd-clip-rescale-poly': lambda: OPT.Adam(
+        wd=1e-2, clip_gradient=0.5, rescale_grad=0.25, lazy_update=False,
+        lr_scheduler=LRS.PolyScheduler(max_update=30, base_lr=0.01, pwr=2, warmup_steps=2,
+                                       warmup_begin_lr=0.001)),
+    'adam-mults-eps': lambda: _mults(OPT.Adam(learning_rate=0.02, wd=1e-3, epsilon=1e-3, lazy_update=False)),
+}
+
+LAZY = {   # stock is lazy: no rule, the server's lazy path is already stock's
+    'sgd-lazy': lambda: OPT.SGD(learning_rate=0.1, momentum=0.9, wd=1e-2),
+    'adam-lazy': lambda: OPT.Adam(wd=1e-2),
+    'nag-nomom': lambda: OPT.NAG(learning_rate=0.1, wd=1e-2),
+    'adagrad': lambda: OPT.AdaGrad(wd=1e-2),
+    'ftrl': lambda: OPT.Ftrl(wd=1e-2),
+}
+
+
+def _states(state):
+    if state is None:
+        return []
+    if isinstance(state, (tuple, list)):
+        return [a for s in state for a in _states(s)]
+    return [state.asnumpy()]
+
+
+class LazyTable:
+    """The lazy side: every row stored with its last step; a row is brought up to date only when touched."""
+
+    def __init__(self, make, initial):
+        self.opt = load_optimizer(pickle.dumps(make(), 0))
+        self.rule = rule_for(self.opt)
+        assert self.rule is not None
+        self.log = StepLog(self.rule.width)
+        self.weight = initial.copy()
+        self.states = self.opt.init_states(self.weight)
+        self.last = np.zeros(len(initial), dtype=np.int64)
+        self.step = 0
+
+    def push(self, rows, grad):
+        w, s = self.weight[rows], [st[rows] for st in self.states]
+        catch_up(self.rule, self.log, w, s, self.last[rows], self.step)
+        touched_update(self.rule, self.opt, KEY, w, grad, s)
+        self.step = self.opt.update_count(KEY)
+        self.log.record(self.step, self.rule.scalars(self.opt, KEY))
+        self.weight[rows] = w
+        for st, x in zip(self.states, s):
+            st[rows] = x
+        self.last[rows] = self.step
+
+    def pull(self, rows):
+        """The rows as of now, without storing them."""
+        w, s = self.weight[rows], [st[rows] for st in self.states]
+        catch_up(self.rule, self.log, w, s, self.last[rows], self.step)
+        return w, s
+
+
+def _rsp(values, rows, shape):
+    return mx.nd.sparse.row_sparse_array((values, rows.astype(np.int64)), shape=shape)
+
+
+def _run(make, steps, rows, cols, seed, touch=lambda rng, k: 3, never=2):
+    rng = np.random.RandomState(seed)
+    initial = rng.randn(rows, cols).astype(np.float32)
+    stock = _rsp(initial, np.arange(rows), (rows, cols))
+    updater = OPT.get_updater(make())
+    lazy = LazyTable(make, initial)
+    for k in range(1, steps + 1):
+        n = touch(rng, k)
+        idx = np.sort(rng.choice(rows - never, size=n, replace=False)) if n else np.zeros(0, np.int64)
+        grad = rng.randn(n, cols).astype(np.float32)
+        updater(KEY, _rsp(grad, idx, (rows, cols)), stock)
+        lazy.push(idx, grad)
+        if k % 9 == 0:     # a pull of some rows, one never stored among them
+            some = np.array(sorted({int(rng.randint(rows)), rows - 1}))
+            w, _ = lazy.pull(some)
+            assert np.array_equal(w, stock.asnumpy()[some]), f'pulled rows differ at step {k}'
+    return lazy, stock, updater
+
+
+def _assert_same(lazy, stock, updater):
+    w, s = lazy.pull(np.arange(len(lazy.weight)))
+    expect = stock.asnumpy()
+    assert np.array_equal(w, expect), f'max diff {np.abs(w - expect).max()}'
+    expect_states = _states(updater.states[KEY])
+    assert len(s) == len(expect_states)
+    for ours, theirs in zip(s, expect_states):
+        assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.filterwarnings('ignore::UserWarning')
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_rows_match_mxnet_dense_semantics(case):
+    lazy, stock, updater = _run(CASES[case], 40, 12, 3, zlib.crc32(case.encode()),
+                                touch=lambda rng, k: 0 if k % 11 == 0 else int(rng.randint(1, 5)))
+    assert (lazy.last < lazy.step).any()          # rows really waited
+    _assert_same(lazy, stock, updater)
+
+
+@pytest.mark.filterwarnings('ignore::UserWarning')
+@pytest.mark.parametrize('case', ['sgd-wd-clip-rescale-factor', 'sgd-mom-wd', 'nag-mom-wd', 'signum-wd',
+                                  'signsgd-wd', 'rmsprop-wd-clipw-clipg', 'rmsprop-centered-wd', 'adam-wd',
+                                  'adam-nowd'])
+def test_ten_thousand_steps_bit_identical(case):
+    """Rows touched every ~2500 steps, two rows never: after 10k steps every row and state is mxnet's bit for bit."""
+    lazy, stock, updater = _run(CASES[case], 10_000, 6, 2, 11, never=2,
+                                touch=lambda rng, k: 2 if k % 2500 == 1 else 0)
+    assert lazy.last.min() == 0 and lazy.log.last == 10_000
+    _assert_same(lazy, stock, updater)
+
+
+@pytest.mark.filterwarnings('ignore::UserWarning')
+def test_today_lazy_update_differs_from_stock():
+    """What the rows would be without catching up (the lazy path): not stock's, for each rule's case."""
+    for case in ('sgd-wd', 'sgd-mom-wd', 'nag-mom-wd', 'signum-wd', 'rmsprop-wd-clipw-clipg', 'adam-wd'):
+        make = CASES[case]
+        rng = np.random.RandomState(1)
+        initial = rng.randn(6, 2).astype(np.float32)
+        stock = _rsp(initial, np.arange(6), (6, 2))
+        updater = OPT.get_updater(make())
+        ours = load_optimizer(pickle.dumps(make(), 0))
+        weight, states = initial.copy(), ours.init_states(initial)
+        for _ in range(5):
+            idx, grad = np.array([0, 1]), rng.randn(2, 2).astype(np.float32)
+            updater(KEY, _rsp(grad, idx, (6, 2)), stock)
+            w, s = weight[idx], [st[idx] for st in states]
+            ours.update(KEY, w, grad, s, row_sparse=True)
+            weight[idx] = w
+        assert not np.array_equal(weight[2:], stock.asnumpy()[2:]), case
+
+
+@pytest.mark.parametrize('case', sorted(LAZY))
+def test_lazy_optimizers_have_no_rule(case):
+    assert rule_for(load_optimizer(pickle.dumps(LAZY[case](), 0))) is None
+
+
+def test_every_rule_is_named():
+    names = {rule_for(load_optimizer(pickle.dumps(make(), 0))).name for make in CASES.values()}
+    assert names == {'sgd', 'sgd_mom', 'nag', 'signum', 'signsgd', 'rmsprop', 'rmsprop_centered', 'adam'}
+
+
+def test_step_log_runs_and_round_trip():
+    log = StepLog(2)
+    for k in range(5, 105):
+        log.record(k, [0.5 if k < 50 else 0.25, 1.0])
+    assert log.runs() == 2 and len(log) == 100 and (log.first, log.last) == (5, 104)
+    assert [(a, b, list(v)) for a, b, v in log.spans(10, 60)] == [(11, 49, [0.5, 1.0]), (50, 60, [0.25, 1.0])]
+    assert list(log.spans(60, 60)) == []
+    assert not log.covers(2, 10) and log.covers(4, 104) and not log.covers(4, 105)
+    with pytest.raises(KeyError):
+        list(log.spans(0, 10))
+    with pytest.raises(ValueError):
+        log.record(200, [1.0, 1.0])
+    again = StepLog.from_arrays(log.to_arrays())
+    assert again.to_arrays()['starts'].tolist() == [5, 50] and again.last == 104
+    assert np.array_equal(again.scalars_at(77), log.scalars_at(77))
+    with pytest.raises(ValueError):
+        StepLog.from_arrays({'starts': np.array([5, 5]), 'values': np.zeros((2, 2)), 'last': np.array([9])})
+
+
+def test_catch_up_leaves_rows_already_current_and_refuses_missing_steps():
+    opt = load_optimizer(pickle.dumps(CASES['sgd-mom-wd'](), 0))
+    rule = rule_for(opt)
+    log = StepLog(rule.width)
+    log.record(4, np.array([0.9, 0.001, 0.0], np.float32))
+    w = np.ones((3, 2), np.float32)
+    s = [np.zeros((3, 2), np.float32)]
+    before = w.copy()
+    catch_up(rule, log, w, s, np.array([4, 4, 4]), 4)
+    assert np.array_equal(w, before)
+    with pytest.raises(KeyError):
+        catch_up(rule, log, w, s, np.array([2, 4, 4]), 4)
+    assert np.array_equal(w, before)
+    catch_up(rule, log, w, s, np.array([3, 4, 3]), 4)
+    assert not np.array_equal(w[0], before[0]) and np.array_equal(w[1], before[1])
+    assert replay_cost(np.array([3, 4, 0]), 4) == (4, 5)
+
+
+def test_package_lists_its_names():
+    assert set(catchup.__all__) <= set(dir(catchup))
