@@ -158,3 +158,39 @@ def test_a_partial_or_unknown_source_is_refused(source, tmp_path):
     done = subprocess.run([sys.executable, "-m", "kvstore_lazy.persist.reshard", str(source), str(tmp_path / "o"),
                            "--servers", "2"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "partial source" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.integration
+def test_disk_tier_rows_and_lifecycle_columns_carry_over(tmp_path):
+    """A source whose servers kept rows in a disk tier (a tiny memory budget) and ids waiting for admission: the
+    re-cut holds every row of both tiers with its states and columns, and every pending id with its count, as the
+    server's own restore (into memory, no tier) reads them."""
+    from kvstore_lazy.server.core import KVServer
+
+    out = tmp_path / "tiered"
+    env = {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"), "KVSTORE_LAZY_MEMORY_BUDGET": "6KiB",
+           "KVSTORE_LAZY_DISK_DIR": str(out / "disk"), "KVSTORE_LAZY_ADMIT_MIN_COUNT": "2"}
+    assert run_job(out, 2, 0, N, env) == 0, (out / "job.log").read_text()[-4000:]
+    assert list((out / "snap").glob("rank*/key3.disk")), "no disk tier in the source"
+    src = tmp_path / "src-copy"             # the oracle opens stores in place: give it a copy
+    subprocess.run(["cp", "-a", str(out / "snap"), str(src)], check=True)
+    reshard.reshard(out / "snap", tmp_path / "one", 1, log=lambda line: None)
+    got = snapshots.load_snapshot(tmp_path / "one", 0).tables[3]
+    parts, pending = [], []
+    for rank in (0, 1):
+        loaded = snapshots.load_snapshot(src, rank)
+        server = KVServer(rank, 2, 2)
+        server.restore(loaded.manifest["server"], loaded.tables)
+        entry = server.keys[3]
+        parts.append(entry.all_rows())
+        pending.append(entry.policy.pending_rows())
+    ids = np.concatenate([p["row_ids"] for p in parts])
+    assert len(got["row_ids"]) == len(ids) > 0 and got["row_ids"].tobytes() == ids.tobytes()
+    assert got["weights"].tobytes() == np.concatenate([p["weights"] for p in parts]).tobytes()
+    assert got["states"][0].tobytes() == np.concatenate([p["states"][0] for p in parts]).tobytes()
+    for name in parts[0]["columns"]:
+        assert got["arrays"][f"col_{name}"].tobytes() == np.concatenate([p["columns"][name] for p in parts]).tobytes()
+    want_pending = np.concatenate([p["row_ids"] for p in pending])
+    assert len(want_pending) and got["arrays"]["pending_ids"].tobytes() == want_pending.tobytes()
+    assert got["arrays"]["pending_count"].tobytes() == \
+        np.concatenate([p["weights"].reshape(-1) for p in pending]).tobytes()
