@@ -194,3 +194,19 @@ def test_disk_tier_rows_and_lifecycle_columns_carry_over(tmp_path):
     assert len(want_pending) and got["arrays"]["pending_ids"].tobytes() == want_pending.tobytes()
     assert got["arrays"]["pending_count"].tobytes() == \
         np.concatenate([p["weights"].reshape(-1) for p in pending]).tobytes()
+
+
+def test_the_launcher_sets_restore_from_for_servers_only(tmp_path):
+    from kvstore_lazy.launch.errors import LaunchError
+    from kvstore_lazy.launch.options import build_parser, job_from_args
+
+    def job(*argv):
+        return job_from_args(build_parser().parse_args(["-n", "2", "-s", "3", *argv, "python", "train.py"]))
+
+    with pytest.raises(LaunchError, match="--restore-from needs --snapshot-dir"):
+        job("--restore-from", str(tmp_path / "old"))
+    with pytest.raises(LaunchError, match="is this job's --snapshot-dir"):
+        job("--restore-from", str(tmp_path / "old"), "--snapshot-dir", str(tmp_path / "old"))
+    made = job("--restore-from", str(tmp_path / "old"), "--snapshot-dir", str(tmp_path / "new"))
+    assert made.server_env["KVSTORE_LAZY_RESTORE_FROM"] == str(tmp_path / "old")
+    assert "KVSTORE_LAZY_RESTORE_FROM" not in made.env and "KVSTORE_LAZY_RESTORE_FROM" not in made.worker_env
