@@ -162,3 +162,36 @@ def test_a_failed_fill_leaves_the_committed_version_and_no_temp_directory(tmp_pa
     atomic.atomic_write_dir(live, lambda d: (d / "manifest.json").write_text("two"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0"]
     assert (live / "manifest.json").read_text() == "two"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a real job: a server killed inside its third base swap
+
+
+@pytest.mark.integration
+def test_a_server_killed_inside_a_base_swap_rejoins_and_the_model_is_bit_identical(tmp_path):
+    """tests/workers/die_in_swap.py as the servers' command: the first server to move its base aside for the 2nd
+    time (its 3rd base: KVSTORE_LAZY_SNAPSHOT_DELTAS=0 makes every periodic snapshot one) SIGKILLs itself right
+    after that rename (no rank<r>, only .rank<r>.old and the committed .rank<r>.new). Under --restart-servers it
+    rejoins from the committed base and its journal: the model is the undisturbed run's, bit for bit, nothing is
+    lost, and no temp directory survives."""
+    import sys
+
+    import faultjob
+    env = {"KVSTORE_LAZY_SNAPSHOT_DELTAS": "0"}
+    reference = tmp_path / "reference"
+    undisturbed = faultjob.run(faultjob.make_job(reference, server_env=env), reference)
+    assert undisturbed.code == 0, undisturbed.log[-5000:]
+    out, marker = tmp_path / "run", tmp_path / "died"
+    job = faultjob.make_job(out, server_env=dict(env, CRASH_MARKER=str(marker), CRASH_SWAP="2"))
+    job.server_command = [sys.executable, str(Path(__file__).parent / "workers" / "die_in_swap.py")]
+    outcome = faultjob.run(job, out)
+    log = outcome.log
+    assert marker.exists(), "no server died inside a swap: " + log[-3000:]
+    assert outcome.code == 0, log[-6000:]
+    assert "was killed by SIGKILL; restarting it" in log and "recovered rank" in log
+    assert "removed what interrupted writes left" in log
+    assert faultjob.same_model(faultjob.final(out), faultjob.final(reference)), "the model differs"
+    assert faultjob.updates_lost(out) == 0
+    assert crashcycle.leftovers(out / "snap") == []
+    assert faultjob.processes_left(outcome.job) == []
