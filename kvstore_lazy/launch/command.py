@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 
-from kvstore_lazy.launch import preflight
+from kvstore_lazy.launch.preflight import check_settings, check_workers_patched
 from kvstore_lazy.launch.errors import LaunchError
 from kvstore_lazy.launch.job import LAZY_SERVER, Job
 from kvstore_lazy.launch.options import build_parser, job_from_args
@@ -60,10 +60,10 @@ def check(job: Job) -> list[str]:
     checked = [(role, env) for role, (_, _, env) in first.items() if role != "scheduler"]
     if job.server != "lazy" or job.server_command != LAZY_SERVER:
         checked = [(role, env) for role, env in checked if role != "server"]   # not ours to read
-    warnings = preflight.check_settings(checked)
+    warnings = check_settings(checked)
     placement, argv, env = first["worker"]
     if job.worker_switch and not isinstance(placement, SshPlacement):
-        preflight.check_workers_patched(argv, placement.command(argv, env)[1])
+        check_workers_patched(argv, placement.command(argv, env)[1])
     return warnings
 
 

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from kvstore_lazy.launch import preflight
+from kvstore_lazy.launch.preflight import describe as describe_job, overrides, worker_switch
 from kvstore_lazy.launch.supervise import Supervision
 from kvstore_lazy.launch.environment import node_env
 from kvstore_lazy.launch.errors import LaunchError
@@ -72,13 +72,13 @@ class Job:
         if restart_servers and server != "lazy":
             raise LaunchError("--restart-servers needs kvstore_lazy servers (a stock server cannot rejoin)")
         # what --server means, whatever KVSTORE_LAZY says (kvstore_lazy.launch.preflight)
-        self.overrides = preflight.overrides(server, self.env, self.server_env, self.worker_env)
-        self.worker_switch = preflight.worker_switch(self.env, self.worker_env)
+        self.overrides = overrides(server, self.env, self.server_env, self.worker_env)
+        self.worker_switch = worker_switch(self.env, self.worker_env)
 
     def describe(self) -> str:
         """What this job runs, in words (the launcher's banner)."""
         custom = self.server_command if self.server_command not in (LAZY_SERVER, STOCK_NODE) else None
-        return preflight.describe(self.num_workers, self.num_servers, self.server, custom, self.worker_switch)
+        return describe_job(self.num_workers, self.num_servers, self.server, custom, self.worker_switch)
 
     # -- environment
 

@@ -25,7 +25,6 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
-from pathlib import Path
 
 from kvstore_lazy import config
 from kvstore_lazy.launch.errors import LaunchError
@@ -33,8 +32,12 @@ from kvstore_lazy.launch.errors import LaunchError
 STOCK_SERVERS = "stock"
 # the interpreter names of a worker command that runs Python (python, python3, python3.11)
 _PYTHON = re.compile(r"python[0-9.]*$")
-_FIND_MXNET = ("import importlib.util; s = importlib.util.find_spec('mxnet'); "
-               "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+# run by the workers' Python: where its mxnet is and what state kvstore_lazy.worker.patch finds it in (an empty first
+# line: no mxnet)
+_ASK_PATCH = ("from kvstore_lazy.worker import patch\n"
+              "try:\n    where = patch.find_mxnet()\nexcept patch.PatchError:\n    print('')\n"
+              "else:\n    try:\n        print(where); print(patch.state(where))\n"
+              "    except patch.PatchError as exc:\n        print(f'not checkable ({exc})')\n")
 
 
 def _merged(*layers: Mapping[str, str]) -> dict:
@@ -115,29 +118,27 @@ def check_settings(node_envs: list[tuple[str, dict]]) -> list[str]:
 
 def check_workers_patched(argv: list[str], env: dict) -> None:
     """LaunchError if a worker running `argv` with environment `env` (as this machine starts it) would import an
-    mxnet that is not patched while its KVSTORE_LAZY is on. A command that is not a Python interpreter (a shell
-    script), or one that cannot be run here, is not checked."""
-    from kvstore_lazy.worker import patch   # never imports mxnet
-
+    mxnet that is not patched while its KVSTORE_LAZY is on. Asked of the workers' own Python (kvstore_lazy.worker.patch
+    there, which imports neither mxnet nor anything of the launcher's): a command that is not a Python interpreter
+    (a shell script), or one that cannot be run here, is not checked."""
     if not argv or not _PYTHON.match(os.path.basename(argv[0])):
         return
     python = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
     try:
-        found = subprocess.run([python, "-c", _FIND_MXNET], env=env, capture_output=True, text=True, timeout=60)
+        found = subprocess.run([python, "-c", _ASK_PATCH], env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return
+    fix = f"{python} -m kvstore_lazy.worker.patch"
     if found.returncode != 0:
+        if "No module named 'kvstore_lazy" in found.stderr:
+            raise LaunchError(f"KVSTORE_LAZY=1 but kvstore_lazy is not importable in the workers' Python ({python}), "
+                              f"so a patched mxnet could not use it: install kvstore-lazy there, then `{fix}`")
         return
-    where = found.stdout.strip()
+    where, _, state = found.stdout.strip().partition("\n")
     if not where:
         raise LaunchError(f"KVSTORE_LAZY=1 but the workers' Python ({python}) has no mxnet: install "
-                          f"'kvstore-lazy[worker]' there, then `{patch.fix_command(python)}`")
-    try:
-        state = patch.state(Path(where))
-    except patch.PatchError as exc:
-        state = f"not checkable ({exc})"
+                          f"'kvstore-lazy[worker]' there, then `{fix}`")
     if state != "patched":
         raise LaunchError(f"KVSTORE_LAZY=1 but the mxnet the workers import ({where}) is {state}: the switch would "
                           f"have no effect (full weights shipped to the servers, no sidecar beside the checkpoints). "
-                          f"Patch it with `{patch.fix_command(python)}` (kvstore-lazy patch in that Python), or unset "
-                          f"KVSTORE_LAZY")
+                          f"Patch it with `{fix}` (kvstore-lazy patch in that Python), or unset KVSTORE_LAZY")
