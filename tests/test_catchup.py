@@ -238,3 +238,31 @@ def test_catch_up_leaves_rows_already_current_and_refuses_missing_steps():
 
 def test_package_lists_its_names():
     assert set(catchup.__all__) <= set(dir(catchup))
+
+
+@pytest.mark.parametrize('case', ['sgd-wd', 'sgd-mom-wd', 'nag-mom-wd', 'signsgd-wd'])
+def test_closed_form_within_its_stated_tolerance(case):
+    """The linear rules' closed form: equal to a float64 iteration of the steps to float32 rounding, and within
+    the docstring's bounds of stock's float32 iteration (the exact replay) after 10k steps."""
+    from kvstore_lazy.numerics.catchup.closed import closed_catch_up
+    opt = load_optimizer(pickle.dumps(CASES[case](), 0))
+    rule = rule_for(opt)
+    log = StepLog(rule.width)
+    for k in range(1, 10_001):
+        log.record(k, rule.scalars(opt, KEY) if k < 4000 else rule.scalars(opt, KEY) * np.float32(1))
+    rng = np.random.RandomState(3)
+    weight = rng.randn(64, 4).astype(np.float32)
+    states = [(rng.randn(64, 4) * 0.1).astype(np.float32) for _ in range(opt.num_states())]
+    last = np.where(np.arange(64) < 32, 0, rng.randint(0, 10_000, 64))
+    exact = (weight.copy(), [s.copy() for s in states])
+    wide = (weight.astype(np.float64), [s.astype(np.float64) for s in states])
+    catch_up(rule, log, *exact, last, 10_000)
+    catch_up(rule, log, *wide, last, 10_000)
+    closed_catch_up(rule, log, weight, states, last, 10_000)
+    assert np.abs(weight - wide[0]).max() <= 2e-7
+    bound = 2e-5 if rule.name in ('sgd', 'signsgd') else 1e-5
+    # (+ the smallest normal float32: rows that decayed into subnormals, where float32 steps keep no precision)
+    tiny = np.finfo(np.float32).tiny
+    assert (np.abs(weight - exact[0]).max(1) <= bound * np.abs(exact[0]).max(1) + tiny).all()
+    for ours, theirs in zip(states, exact[1]):
+        assert (np.abs(ours - theirs).max(1) <= bound * np.abs(theirs).max(1) + tiny).all()

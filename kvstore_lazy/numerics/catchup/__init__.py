@@ -13,6 +13,8 @@ The parts, each with a header saying what it owns:
   sgd_family.py  SGD (lazy_update=False, with and without momentum), NAG, Signum, signSGD
   adaptive.py    RMSProp (plain, centered), Adam (lazy_update=False) and Adam's standard touched-row update
   touched.py     touched_update: the rows a gradient has (Adam's standard kernel, NAG's fallback rounding)
+  closed.py      closed_catch_up: the linear rules (SGD, SGD momentum, NAG, signSGD) in O(log gap) a run, within
+                 a measured tolerance of stock's float32 iteration (opt-in; replay is the exact path)
   registry.py    rule_for(optimizer): which optimizers stock runs densely, and their rules
   steplog.py     StepLog: the scalars of every step of a key, run-length encoded
   replay.py      catch_up: the missed steps replayed in float32 (bit-identical), vectorised over rows
