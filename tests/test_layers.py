@@ -3,7 +3,7 @@
 Rooms and who may import whom: ``protocol`` (the sans-IO codec) imports nothing of the project; ``store`` only
 ``paths``; ``numerics`` only the store's kernels and the compiled fast path's loader; ``server`` (request semantics,
 sans-IO) protocol/store/numerics/config/paths; ``persist`` (every file format) numerics (to rebuild absent rows),
-the store (fsync) and paths; ``transport`` (the only zmq code) the protocol; ``node`` (the server process) wires
+the store (fsync), paths and the protocol (how stock workers route keys, to reshard); ``transport`` (the only zmq code) the protocol; ``node`` (the server process) wires
 transport and server together; ``worker`` (the training process, the only mxnet code) and ``launch`` never import
 ``node``. The sans-IO rooms never import a process room. No import circles. Only ``transport`` imports zmq, only
 ``worker`` imports mxnet. Entry points (``__main__`` modules) only hand over to ``kvstore_lazy.cli``.
@@ -28,7 +28,7 @@ ALLOWED = {
     P + "store": {P + "paths"},
     P + "numerics": {P + "store.kernels", P + "protocol.fast"},
     P + "server": {P + "protocol", P + "store", P + "numerics", P + "config", P + "paths"},
-    P + "persist": {P + "numerics.initializers", P + "store", P + "paths"},
+    P + "persist": {P + "numerics.initializers", P + "store", P + "paths", P + "protocol"},   # reshard: routing
     P + "transport": {P + "protocol"},
     P + "node": {P + "protocol", P + "transport", P + "server", P + "store", P + "numerics", P + "persist",
                  P + "config", P + "paths"},

@@ -977,3 +977,36 @@ def test_a_push_whose_lens_are_element_counts_is_applied(loaded, caplog):
     for lens, why in [([0, 2, 2], "whole float32"), ([0, 3, 3], "bytes (8) or elements (2)")]:
         vals = grad[:6] if why == "whole float32" else grad
         assert why in reject(peer, caplog, w0.kv(RSP, [begin + 5, begin + 6, begin + 9], vals, lens, push=True), 5)
+
+
+def test_the_optimizer_is_logged_once_however_many_workers_send_it(caplog):
+    """Every worker of a stock job sends its set_optimizer: the server logs the optimizer once, and again only when
+    another one arrives (issue 28, trap 10's 'optimizer set: sgd' twice)."""
+    peer = Peer(KVServer(0, 1, 2))
+    w0, w1 = Requests(WORKER0), Requests(WORKER1)
+    peer.ok(w0.command(proto.CONTROLLER, optimizer_body("sgd", learning_rate=0.5)))
+    peer.ok(w1.command(proto.CONTROLLER, optimizer_body("sgd", learning_rate=0.5)))
+    peer.ok(w1.command(proto.CONTROLLER, optimizer_body("sgd", learning_rate=0.25)))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("optimizer set")
+            and r.levelno >= logging.INFO]
+    assert said == ["optimizer set: sgd", "optimizer set: sgd"]
+
+
+@pytest.mark.parametrize("lazy_job, declared, rows, warned", [
+    (True, False, 5000, True),      # a lazy job whose mxnet is not patched ships the whole weight
+    (True, True, 5000, False),      # declared: a lazy key (its init would carry no rows anyway)
+    (True, False, 100, False),      # a small undeclared key is an ordinary choice
+    (False, False, 5000, False),    # not a lazy job: a stock job's full init is what it always was
+])
+def test_an_undeclared_full_row_sparse_init_in_a_lazy_job_is_warned_of(caplog, lazy_job, declared, rows, warned):
+    server = KVServer(0, 1, 1, lazy_job=lazy_job)
+    peer, w0 = Peer(server), Requests(WORKER0)
+    if declared:
+        declare(peer, w0, 7, 10_000, (4,))
+    peer.ok(w0.rsp_push(7, list(range(rows)), np.ones(rows * 4, np.float32)))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "not declared lazy" in
+             r.getMessage()]
+    assert (lines == [f"key 7: an init of {rows} rows of a row_sparse key that was not declared lazy, in a job with "
+                      "KVSTORE_LAZY=1: every row is stored. Is the workers' mxnet patched? (run `kvstore-lazy patch` "
+                      "in their Python) Or declare the key with kvstore_lazy.worker.init_lazy"]) == warned
+    assert len(row_ids(server, 7)) == rows or declared

@@ -13,6 +13,8 @@ Does not own: the rejoin itself (``session``), restoring the state (``durability
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -72,15 +74,15 @@ def rejoin_record(cfg) -> dict:
     return record
 
 
-def decide(cfg) -> None:
+def decide(cfg):
     """KVSTORE_LAZY_RECOVERY=auto (a pod or container restarted with the same environment): rejoin the job of
-    this host:port's previous process if it died within the rejoin window, else register (placement)."""
+    this host:port's previous process if it died within the rejoin window, else register (placement): the
+    Config with the recovery decided."""
     record = find_membership(cfg.snapshot_dir, cfg.host, cfg.port, cfg.recover_rank, missing_ok=True)
     path = membership_path(cfg.snapshot_dir, record["rank"]) if record is not None else None
     rejoin, why = placement.rejoin_decision(record, path, cfg.rejoin_window)
     log.info("KVSTORE_LAZY_RECOVERY=auto: %s", why)
-    cfg.recovery = REJOIN if rejoin else FRESH
-    cfg.is_recovery = rejoin
+    return dataclasses.replace(cfg, recovery=REJOIN if rejoin else FRESH, is_recovery=rejoin)
 
 
 def write_record(cfg, rank: int, my_id: int, port: int, peers: list, state: str = "running") -> None:

@@ -107,8 +107,10 @@ def _env_int(env, name: str, default: int | None = None) -> int:
         raise StartupError(f"{name}={value!r} is not an integer") from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
+    """The server's settings, read once from the environment at start (:meth:`from_env`) and never changed after
+    (a RECOVERY=auto start resolves to a new Config before anything uses it: ``recovery.decide``)."""
     root_uri: str
     root_port: int
     num_workers: int
@@ -144,6 +146,7 @@ class Config:
     lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
     snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
     metrics: tuple[str, int] | None = None   # Prometheus exporter (host, port): KVSTORE_LAZY_METRICS_PORT/_BIND
+    lazy_job: bool = False          # KVSTORE_LAZY: the job says it is lazy (an undeclared full init is then a warning)
 
     @classmethod
     def from_env(cls, env=None) -> "Config":
@@ -175,7 +178,7 @@ class Config:
             metrics = address_from_env(env, local=atoi_flag(env, "DMLC_LOCAL"))
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-        config = cls(
+        fields: dict[str, Any] = dict(
             root_uri=root_uri,
             root_port=_env_int(env, "DMLC_PS_ROOT_PORT"),
             num_workers=_env_int(env, "DMLC_NUM_WORKER"),
@@ -201,44 +204,48 @@ class Config:
             resume=resume,
             snapshot_deltas=integer(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS, minimum=0),
             metrics=metrics,
+            lazy_job=boolean(env, "KVSTORE_LAZY"),
         )
-        config._placement_from_env(env)
-        if config.recovery == "auto" and not config.resend:
+        fields.update(_placement_from_env(env, fields["host"], fields["local"], fields["resend_timeout"]))
+        if recovery == "auto" and not fields["resend"]:
             raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
                                "re-send what died with a server)")
-        config._trust_from_env(env)
-        config._lifecycle_from_env(env)
-        return config
+        fields.update(_trust_from_env(env))
+        fields["lifecycle"] = _lifecycle_from_env(env, fields["snapshot_dir"], fields["journal"], recovery)
+        return cls(**fields)
 
-    def _lifecycle_from_env(self, env) -> None:
-        try:
-            self.lifecycle = LifecycleSettings.from_env(env, track_changes=bool(self.snapshot_dir))
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
-        if (self.journal or self.recovery) and not self.snapshot_dir:
-            raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
-        if self.recovery and not self.journal:
-            raise StartupError("KVSTORE_LAZY_RECOVERY needs KVSTORE_LAZY_JOURNAL=1 (the journal is what a restarted "
-                               "server replays); restart the whole job from a snapshot instead")
+def _lifecycle_from_env(env, snapshot_dir: str, journal: bool, recovery: str) -> LifecycleSettings:
+    try:
+        settings = LifecycleSettings.from_env(env, track_changes=bool(snapshot_dir))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if (journal or recovery) and not snapshot_dir:
+        raise StartupError("KVSTORE_LAZY_JOURNAL and KVSTORE_LAZY_RECOVERY need KVSTORE_LAZY_SNAPSHOT_DIR")
+    if recovery and not journal:
+        raise StartupError("KVSTORE_LAZY_RECOVERY needs KVSTORE_LAZY_JOURNAL=1 (the journal is what a restarted "
+                           "server replays); restart the whole job from a snapshot instead")
+    return settings
 
-    def _placement_from_env(self, env) -> None:
-        try:   # kvstore_lazy.node.placement: bind one address, advertise another (a DNS name on Kubernetes)
-            bind = "" if self.local else lifecycle.bind_address(env, self.host)
-            self.bind = bind if lifecycle.BIND_ENV in env else ""
-            self.rejoin_window = lifecycle.rejoin_window(env, self.resend_timeout)
-            self.snapshot_scope = lifecycle.snapshot_scope(env)
-        except lifecycle.LifecycleError as exc:
-            raise StartupError(str(exc)) from None
 
-    def _trust_from_env(self, env) -> None:
-        try:
-            self.allow = trust.parse_allow(read(env, "KVSTORE_LAZY_ALLOW"))
-        except trust.TrustError as exc:
-            raise StartupError(str(exc)) from None
-        self.check_address = boolean(env, "KVSTORE_LAZY_CHECK_ADDRESS", True)
-        self.scheduler_timeout = number(env, "KVSTORE_LAZY_SCHEDULER_TIMEOUT", 30.0, minimum=0.0)
-        self.queue_messages = integer(env, "KVSTORE_LAZY_PEER_QUEUE", QUEUE_MESSAGES, minimum=1)
-        self.queue_bytes = integer(env, "KVSTORE_LAZY_PEER_QUEUE_MB", QUEUE_BYTES >> 20, minimum=1) << 20
+def _placement_from_env(env, host: str, local: bool, resend_timeout: float) -> dict[str, Any]:
+    try:   # kvstore_lazy.node.placement: bind one address, advertise another (a DNS name on Kubernetes)
+        bind = "" if local else lifecycle.bind_address(env, host)
+        return {"bind": bind if lifecycle.BIND_ENV in env else "",
+                "rejoin_window": lifecycle.rejoin_window(env, resend_timeout),
+                "snapshot_scope": lifecycle.snapshot_scope(env)}
+    except lifecycle.LifecycleError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _trust_from_env(env) -> dict[str, Any]:
+    try:
+        allow = trust.parse_allow(read(env, "KVSTORE_LAZY_ALLOW"))
+    except trust.TrustError as exc:
+        raise StartupError(str(exc)) from None
+    return {"allow": allow, "check_address": boolean(env, "KVSTORE_LAZY_CHECK_ADDRESS", True),
+            "scheduler_timeout": number(env, "KVSTORE_LAZY_SCHEDULER_TIMEOUT", 30.0, minimum=0.0),
+            "queue_messages": integer(env, "KVSTORE_LAZY_PEER_QUEUE", QUEUE_MESSAGES, minimum=1),
+            "queue_bytes": integer(env, "KVSTORE_LAZY_PEER_QUEUE_MB", QUEUE_BYTES >> 20, minimum=1) << 20}
 
 
 _RECOVERY = {"0": "", "1": "rejoin", "rejoin": "rejoin", "register": "register", "auto": "auto"}
@@ -262,6 +269,8 @@ class ServerNode:
 
     def __init__(self, config: Config, van: Van | None = None, clock: Clock | None = None,
                  resolve: Any = resolve, local: Any = local_addresses, tune_gc: bool = True) -> None:
+        if config.recovery == recovery.AUTO:   # a pod restarted with the same environment: rejoin or register
+            config = recovery.decide(config)
         self.config = cfg = config
         self.clock = clock if clock is not None else SystemClock()
         self.van: Van = van if van is not None else ZmqVan(local=cfg.local, water_mark=cfg.water_mark,
@@ -290,8 +299,6 @@ class ServerNode:
             try:
                 if self.metrics is not None:
                     self.metrics.start()
-                if self.config.recovery == recovery.AUTO:
-                    recovery.decide(self.config)
                 if self.config.recovery == recovery.REJOIN:
                     self.session.rejoin()
                 else:
@@ -323,7 +330,8 @@ class ServerNode:
 
     def _open_server(self, rank: int) -> None:
         cfg = self.config
-        server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize, lifecycle=cfg.lifecycle)
+        server = KVServer(rank, cfg.num_servers, cfg.num_workers, materialize=cfg.materialize, lifecycle=cfg.lifecycle,
+                          lazy_job=cfg.lazy_job)
         server.lifecycle.defer = True      # a round end's budget pass after its replies: request
         self.server = server
         self.durability.attach(server, self.session.port)

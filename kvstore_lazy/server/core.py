@@ -47,6 +47,7 @@ from kvstore_lazy.server.state_transfer import StateTransfer
 log = logging.getLogger("kvstore_lazy.server")
 
 MAX_DECLARED_KEYS = 4096         # lazy declarations one server keeps (a real job declares a few dozen)
+FULL_INIT_ROWS = 4096           # rows of an undeclared row_sparse init that a lazy job (KVSTORE_LAZY=1) is warned of
 
 
 def node_name(node_id: int) -> str:
@@ -64,11 +65,13 @@ K = TypeVar("K", DenseKey, RowSparseKey)
 
 class KVServer:
     def __init__(self, rank: int, num_servers: int, num_workers: int,
-                 materialize: str = MATERIALIZE_ON_PUSH, lifecycle: Settings | None = None) -> None:
+                 materialize: str = MATERIALIZE_ON_PUSH, lifecycle: Settings | None = None,
+                 lazy_job: bool = False) -> None:
         if materialize not in (MATERIALIZE_ON_TOUCH, MATERIALIZE_ON_PUSH):
             raise ValueError(f"materialize must be {MATERIALIZE_ON_TOUCH!r} or {MATERIALIZE_ON_PUSH!r}")
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
         self.materialize = materialize
+        self.lazy_job = lazy_job     # KVSTORE_LAZY=1 in the job: an undeclared full row_sparse init is suspicious
         self.key_range = wire.KeyRange(rank, num_servers)
         self.sync_mode = False
         self.multi_precision = False
@@ -181,10 +184,11 @@ class KVServer:
         """kController. The stock server builds a fresh Updater per kController, so optimizer states start over."""
         optimizer = load_optimizer(body)
         check_runs(optimizer)
+        again = body == self.optimizer_body   # every worker of a stock job sends its set_optimizer
         self.optimizer, self.optimizer_body = optimizer, body
         for entry in self.keys.values():
             entry.reset_states(optimizer)
-        log.info("optimizer set: %s", optimizer.name)
+        (log.debug if again else log.info)("optimizer set: %s", optimizer.name)
 
     def _set_multi_precision(self, sender: int, body: bytes) -> None:
         """kSetMultiPrecision: float32 master copies for keys already stored (CreateMultiPrecisionCopies)."""
@@ -282,6 +286,11 @@ class KVServer:
     def _rows_push(self, request: DataRequest) -> list[tuple[int, Message]]:
         entry = self._key_of(request, RowSparseKey)
         if entry is None:
+            if self.lazy_job and request.key not in self.specs and len(request.local_ids) >= FULL_INIT_ROWS:
+                log.warning("key %d: an init of %d rows of a row_sparse key that was not declared lazy, in a job "
+                            "with KVSTORE_LAZY=1: every row is stored. Is the workers' mxnet patched? (run "
+                            "`kvstore-lazy patch` in their Python) Or declare the key with "
+                            "kvstore_lazy.worker.init_lazy", request.key, len(request.local_ids))
             num_states = self.optimizer.num_states() if self.optimizer is not None else 0
             self.keys[request.key] = RowSparseKey.first_push(
                 request, self.specs.get(request.key), self._storage_dtype(request.dtype), num_states,
