@@ -219,7 +219,7 @@ class Durability:
             if loaded is not None:
                 break
         else:
-            other = restore_from.restore_dir()     # another job's snapshots, any server count (persist.reshard)
+            other = self.cfg.restore_from     # another job's snapshots, any server count (persist.reshard)
             if not other:
                 log.info("no snapshot for rank %d in %s (KVSTORE_LAZY_RESUME=%s); starting empty", rank, base,
                          choice)

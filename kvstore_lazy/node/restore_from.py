@@ -1,7 +1,7 @@
 """A fresh job's servers started from another job's snapshots, whatever its server count
 (KVSTORE_LAZY_RESTORE_FROM), and the new job's declarations checked against what was restored.
 
-Owns: reading KVSTORE_LAZY_RESTORE_FROM, loading this server's part of that directory (``persist.reshard``
+Owns: loading this server's part of that directory (``persist.reshard``
 re-cuts it for this job's server count) as a ``Loaded`` snapshot that ``durability`` restores like its own, and
 :class:`DeclarationCheck`: a lazy declaration of the new job (LAZY_DECLARE) for a key the snapshot restored must
 declare it as the snapshot has it (shape, dtype, initializer, seed): the rows restored and the rows computed for
@@ -9,18 +9,14 @@ ids never stored must come from one declaration, so another one ends the server 
 the key and both values, instead of a model silently made of two.
 Does not own: when a server restores (``durability.load_snapshot``: its own snapshot directory first, this only if
 that has nothing), the re-cut itself (``persist.reshard``), the resume gate (``server.resume``).
-
-KVSTORE_LAZY_RESTORE_FROM is read here, not in ``runtime.Config``: a second reader of the environment, to be moved
-into Config when that file is next changed.
+The directory is ``Config.restore_from`` (KVSTORE_LAZY_RESTORE_FROM, read with every other setting).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
-from kvstore_lazy.config import ConfigError, read
 from kvstore_lazy.node.errors import StartupError
 from kvstore_lazy.persist import reshard, snapshots
 from kvstore_lazy.protocol import mxnet as mx
@@ -28,15 +24,8 @@ from kvstore_lazy.protocol.message import Message
 
 log = logging.getLogger("kvstore_lazy")
 
-ENV = "KVSTORE_LAZY_RESTORE_FROM"
+ENV = "KVSTORE_LAZY_RESTORE_FROM"   # named in messages
 CHECKED = ("rows", "row_shape", "dtype", "init", "seed")    # what a declaration must keep
-
-
-def restore_dir(env=None) -> str:
-    try:
-        return read(os.environ if env is None else env, ENV)
-    except ConfigError as exc:
-        raise StartupError(str(exc)) from None
 
 
 def load(directory: str, rank: int, num_servers: int) -> snapshots.Loaded:

@@ -146,6 +146,7 @@ class Config:
     lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
     snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
     metrics: tuple[str, int] | None = None   # Prometheus exporter (host, port): KVSTORE_LAZY_METRICS_PORT/_BIND
+    restore_from: str = ""          # KVSTORE_LAZY_RESTORE_FROM: another job's snapshots to start from (any count)
     lazy_job: bool = False          # KVSTORE_LAZY: the job says it is lazy (an undeclared full init is then a warning)
 
     @classmethod
@@ -204,8 +205,12 @@ class Config:
             resume=resume,
             snapshot_deltas=integer(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS, minimum=0),
             metrics=metrics,
+            restore_from=read(env, "KVSTORE_LAZY_RESTORE_FROM"),
             lazy_job=boolean(env, "KVSTORE_LAZY"),
         )
+        if fields["restore_from"] and not fields["snapshot_dir"]:
+            raise StartupError("KVSTORE_LAZY_RESTORE_FROM needs KVSTORE_LAZY_SNAPSHOT_DIR (where this job's own "
+                               "snapshots go; the source directory is only read)")
         fields.update(_placement_from_env(env, fields["host"], fields["local"], fields["resend_timeout"]))
         if recovery == "auto" and not fields["resend"]:
             raise StartupError("KVSTORE_LAZY_RECOVERY=auto needs PS_RESEND=1 on every node (it is how workers "
