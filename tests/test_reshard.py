@@ -210,3 +210,63 @@ def test_the_launcher_sets_restore_from_for_servers_only(tmp_path):
     made = job("--restore-from", str(tmp_path / "old"), "--snapshot-dir", str(tmp_path / "new"))
     assert made.server_env["KVSTORE_LAZY_RESTORE_FROM"] == str(tmp_path / "old")
     assert "KVSTORE_LAZY_RESTORE_FROM" not in made.env and "KVSTORE_LAZY_RESTORE_FROM" not in made.worker_env
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the same grow and shrink with the row lifecycle active in every job: a memory budget small enough that rows go to
+# the disk tier (a directory per job), admission after 2 pushes and a TTL in rounds
+
+
+def lifecycle_env(out: Path, **more: str) -> dict:
+    return {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"), "KVSTORE_LAZY_MEMORY_BUDGET": "6KiB",
+            "KVSTORE_LAZY_DISK_DIR": str(out / "disk"), "KVSTORE_LAZY_ADMIT_MIN_COUNT": "2",
+            "KVSTORE_LAZY_TTL_ROUNDS": "4", **more}
+
+
+def assert_same_lifecycle(a: snapshots.Loaded, b: snapshots.Loaded) -> None:
+    """Model, states and counts as :func:`assert_same_state`, and every lifecycle column of every row and every id
+    waiting for admission with its count and round (both re-cut for one server: both tiers' rows in one table)."""
+    assert_same_state(a, b)
+    x, y = a.tables[3]["arrays"], b.tables[3]["arrays"]
+    assert sorted(x) == sorted(y) and any(n.startswith("col_") for n in x), sorted(x)
+    assert len(x.get("pending_ids", ())) > 0, "no id waiting for admission: the policy was not exercised"
+    for name in x:
+        assert x[name].tobytes() == y[name].tobytes(), f"key 3: {name} differs"
+
+
+@pytest.fixture(scope="module")
+def tiered_jobs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reshard-tiered")
+    for name, steps in (("straight", N + M), ("first", N)):
+        out = base / name
+        assert run_job(out, 2, 0, steps, lifecycle_env(out)) == 0, (out / "job.log").read_text()[-4000:]
+    assert list((base / "first" / "snap").glob("rank*/key3.disk")), "no disk tier in the source"
+    return base
+
+
+@pytest.mark.integration
+def test_grow_with_lifecycle_and_disk_tier(tiered_jobs, tmp_path):
+    src = tiered_jobs / "first" / "snap"
+    before = tree(src)
+    out = tmp_path / "grown"
+    code = run_job(out, 3, N, N + M, lifecycle_env(out, KVSTORE_LAZY_RESTORE_FROM=str(src)))
+    assert code == 0, (out / "job.log").read_text()[-5000:]
+    assert list((out / "disk").rglob("*")), "the new job's budget sent no row to its disk tier"
+    want, got = final(tiered_jobs / "straight"), final(out)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    assert_same_lifecycle(one_server(tiered_jobs / "straight" / "snap", tmp_path), one_server(out / "snap", tmp_path))
+    assert tree(src) == before, "the source directory changed"
+
+
+@pytest.mark.integration
+def test_shrink_with_lifecycle_and_disk_tier(tiered_jobs, tmp_path):
+    src, dst = tiered_jobs / "first" / "snap", tmp_path / "one"
+    before = tree(src)
+    reshard.reshard(src, dst, 1, bound=10000, log=lambda line: None)
+    assert tree(src) == before
+    out = tmp_path / "shrunk"
+    code = run_job(out, 1, N, N + M, lifecycle_env(out, KVSTORE_LAZY_SNAPSHOT_DIR=str(dst)))
+    assert code == 0, (out / "job.log").read_text()[-5000:]
+    want, got = final(tiered_jobs / "straight"), final(out)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    assert_same_lifecycle(one_server(tiered_jobs / "straight" / "snap", tmp_path), one_server(dst, tmp_path))
