@@ -294,3 +294,28 @@ def test_rows_updated_on_disk_after_a_snapshot_leave_the_snapshot_as_it_was(tmp_
     b.server.restore(loaded.manifest["server"], loaded.tables)
     rounds(b, [Requests(WORKER0), Requests(WORKER1)], 20, 40)
     assert tables(b) == tables(free)
+
+
+def test_a_clear_killed_half_way_leaves_no_half_removed_store(tmp_path, monkeypatch):
+    """A previous process's store is cleared by renaming it aside and removing it there: a process killed while
+    removing it leaves a `.key<k>.old` (removed by the next clear), never a store without its store.json at the
+    store's own path (which the next start would refuse as 'not a disk tier')."""
+    from pathlib import Path
+
+    from kvstore_lazy.store.segments import SegmentStore
+    path = tmp_path / "rank0" / f"key{KEY}"
+    path.parent.mkdir(parents=True)
+    store = SegmentStore(path, np.dtype([("v", "<f4", (4,))]), 16, 0.25)
+    store.close()
+    assert (path / "store.json").exists()
+
+    def killed(target, *args, **kwargs):   # rmtree removes store.json first, then the process dies
+        (Path(target) / "store.json").unlink()
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(tier_module.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tier_module.clear_dir(path)
+    monkeypatch.undo()
+    assert not path.exists() and (path.parent / f".key{KEY}.old").is_dir()
+    tier_module.clear_dir(path)            # the next start: the leftover goes, the path is free
+    assert not path.exists() and not (path.parent / f".key{KEY}.old").exists()

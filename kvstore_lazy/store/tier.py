@@ -13,12 +13,14 @@ a row that went to disk and back is bit for bit the row that left.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.rows import RowTable, as_row_ids
 from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError,
@@ -104,11 +106,18 @@ def _is_store(path: Path) -> bool:
 
 def clear_dir(path: Path) -> None:
     """Remove a disk tier a previous process left in ``path`` (its rows mean nothing without that process's
-    snapshot). Anything else there is refused, never deleted."""
+    snapshot). Anything else there is refused, never deleted. The store is first renamed aside (``.<name>.old``)
+    and removed there, so a process killed while removing it leaves no half-removed store at ``path`` (which the
+    next start would refuse as "not a disk tier"); a ``.<name>.old`` a killed clear left is ours by its name and
+    removed first."""
+    old = paths.old_dir(path)
+    if old.exists():
+        shutil.rmtree(old)
     if path.exists():
         if not path.is_dir() or not _is_store(path):
             raise SegmentError(f"{path} is not a disk tier of kvstore_lazy (no {STORE_FILE}): not touching it")
-        shutil.rmtree(path)
+        os.replace(path, old)
+        shutil.rmtree(old)
 
 
 class RecordCache:
