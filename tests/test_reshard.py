@@ -270,3 +270,95 @@ def test_shrink_with_lifecycle_and_disk_tier(tiered_jobs, tmp_path):
     want, got = final(tiered_jobs / "straight"), final(out)
     assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
     assert_same_lifecycle(one_server(tiered_jobs / "straight" / "snap", tmp_path), one_server(dst, tmp_path))
+
+
+def _same_tables(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        x, y = a[key], b[key]
+        for name in ("row_ids", "weights"):
+            assert np.asarray(x[name]).tobytes() == np.asarray(y[name]).tobytes(), f"key {key}: {name} differ"
+        assert [s.tobytes() for s in x["states"]] == [s.tobytes() for s in y["states"]], f"key {key}: states"
+        xa, ya = x.get("arrays", {}), y.get("arrays", {})
+        assert sorted(xa) == sorted(ya) and all(xa[n].tobytes() == ya[n].tobytes() for n in xa), f"key {key}"
+        assert {k: v for k, v in x["meta"].items() if k != "rows"} == {k: v for k, v in y["meta"].items()
+                                                                        if k != "rows"}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("servers", [1, 3, 4])
+def test_the_online_form_reads_by_range_what_the_offline_form_reads_whole(tiered_jobs, servers):
+    """restore_for (each key's rows of the server's range, read by seeking; disk tier records of the range) gives
+    each new rank exactly what the offline form's whole, verified read gives it; growing, a server reads less than
+    the source holds."""
+    src = tiered_jobs / "first" / "snap"
+    whole = reshard.Source.open(src)
+    size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    for rank in range(servers):
+        counter = reshard.ranged.Counter()
+        got = reshard.restore_for(src, rank, servers, bound=10000, counter=counter)
+        server, want = reshard.rank_state(whole, rank, servers, 10000)
+        assert got.manifest["server"] == server
+        _same_tables({k: dict(t, disk=None) for k, t in got.tables.items()},
+                     {k: dict(t, disk=None) for k, t in want.items()})
+        assert 0 < counter.total < 2 * size
+
+
+@pytest.mark.integration
+def test_the_online_form_refuses_damaged_row_ids_by_name(source, tmp_path):
+    import struct
+    import zipfile
+
+    victim = source / "rank1" / "key3.npz"
+    with zipfile.ZipFile(victim) as archive:
+        info = archive.getinfo("row_ids.npy")
+    data = bytearray(victim.read_bytes())
+    name, extra = struct.unpack_from("<2H", data, info.header_offset + 26)     # the local header's lengths
+    data[info.header_offset + 30 + name + extra + info.file_size - 3] ^= 0x01  # in the last id
+    victim.write_bytes(bytes(data))
+    with pytest.raises(snapshots.SnapshotError, match=f"{victim}: member 'row_ids' is corrupted"):
+        reshard.restore_for(source, 1, 3, bound=10000)
+
+
+def synthetic_source(directory: Path, rows: int, servers: int = 2, dim: int = 8, every: int = 3) -> int:
+    """A snapshot of `servers` servers holding every `every`-th row of a lazy key of `rows` rows (one state, two
+    lifecycle columns, ids waiting for admission) and a small dense key, written by the snapshots' own writer;
+    the bytes of its row_sparse key files."""
+    spec = {"key": 3, "rows": rows, "row_shape": [dim], "dtype": "float32", "init": "zeros", "seed": 1,
+            "bound": 1000}
+    server = {"sync_mode": True, "specs": [spec], "aliases": {},
+              "optimizer_counts": {"num_update": 5, "counts": {"3": 5, "9": 5}}}
+    size = 0
+    for rank in range(servers):
+        first, count = reshard.mx.row_partition(rows, servers, rank)
+        ids = np.arange(first, first + count, every, dtype=np.uint64)
+        weights = (ids[:, None] * dim + np.arange(dim)).astype(np.float32)
+        pending = ids[:-1] + np.uint64(1)
+        sparse = {"row_ids": ids, "weights": weights, "states": [-weights],
+                  "arrays": {"col_count": ids.astype(np.uint32), "col_last": ids.astype(np.int64) * 2,
+                             "pending_ids": pending, "pending_count": np.ones(len(pending), np.uint32),
+                             "pending_last": pending.astype(np.int64)},
+                  "meta": {"kind": "row_sparse", "dtype": "float32", "row_size": dim, "local_rows": count,
+                           "row_offset": first, "lazy": True, "rank": rank}}
+        tables = {3: sparse}
+        if reshard.mx.dense_home_server(9, servers) == rank:
+            tables[9] = {"row_ids": np.zeros(1, np.uint64), "weights": np.ones((1, 16), np.float32),
+                         "states": [np.zeros((1, 16), np.float32)], "meta": {"kind": "dense", "dtype": "float32"}}
+        snapshots.write_snapshot(directory, rank, servers, tables, server)
+        size += (directory / f"rank{rank}" / "key3.npz").stat().st_size
+    return size
+
+
+def test_each_new_server_reads_its_share_by_seeking(tmp_path):
+    """2 -> 4 servers: each new server reads of the row_sparse key its quarter of the rows (plus the ids, the
+    index), and gets exactly what the offline form's whole read gives it."""
+    size = synthetic_source(tmp_path / "src", 40000)
+    whole = reshard.Source.open(tmp_path / "src")
+    for rank in range(4):
+        counter = reshard.ranged.Counter()
+        got = reshard.restore_for(tmp_path / "src", rank, 4, bound=1000, counter=counter)
+        _same_tables(got.tables, reshard.rank_state(whole, rank, 4, 1000)[1])
+        rows = len(got.tables[3]["row_ids"])
+        assert rows > 3000 and counter.rows <= rows * (8 * 4 * 2 + 12 + 12) + 128 * (9 in got.tables)   # + pending count, last
+        assert counter.ids < size / 4 and counter.deltas == counter.whole == 0, counter
+        assert counter.rows + counter.ids < 0.55 * size, (counter, size)

@@ -2,7 +2,8 @@
 (KVSTORE_LAZY_RESTORE_FROM), and the new job's declarations checked against what was restored.
 
 Owns: loading this server's part of that directory (``persist.reshard``
-re-cuts it for this job's server count) as a ``Loaded`` snapshot that ``durability`` restores like its own, and
+re-cuts it for this job's server count, ``persist.ranged`` reads only the rows of this server's ranges) as a
+``Loaded`` snapshot that ``durability`` restores like its own, and
 :class:`DeclarationCheck`: a lazy declaration of the new job (LAZY_DECLARE) for a key the snapshot restored must
 declare it as the snapshot has it (shape, dtype, initializer, seed): the rows restored and the rows computed for
 ids never stored must come from one declaration, so another one ends the server (status 2) with one line naming
@@ -18,7 +19,7 @@ import logging
 from pathlib import Path
 
 from kvstore_lazy.node.errors import StartupError
-from kvstore_lazy.persist import reshard, snapshots
+from kvstore_lazy.persist import ranged, reshard, snapshots
 from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.message import Message
 
@@ -33,13 +34,15 @@ def load(directory: str, rank: int, num_servers: int) -> snapshots.Loaded:
     file that is missing, damaged or of an unknown format."""
     if not Path(directory).is_dir():
         raise StartupError(f"{ENV}={directory}: not a directory (the snapshot directory to restore from)")
+    counter = ranged.Counter()
     try:
-        loaded = reshard.restore_for(directory, rank, num_servers)
+        loaded = reshard.restore_for(directory, rank, num_servers, counter=counter)
     except snapshots.SnapshotError as exc:
         raise StartupError(f"{ENV}={directory}: {exc}") from None
     rows = sum(len(t["row_ids"]) for t in loaded.tables.values() if t["meta"]["kind"] == "row_sparse")
-    log.info("%s=%s: rank %d of %d restores %d keys, %d rows", ENV, directory, rank, num_servers,
-             len(loaded.tables), rows)
+    log.info("%s=%s: rank %d of %d restores %d keys, %d rows (%d bytes of key files read: %d of rows, %d of ids "
+             "and headers)", ENV, directory, rank, num_servers, len(loaded.tables), rows, counter.total,
+             counter.rows, counter.ids)
     return loaded
 
 

@@ -36,11 +36,12 @@ same deterministic rule as any other rows.
 
 What is read: the offline form reads every file of the source (and verifies it: a delta's files by their
 checksums, a base's key files by the zip CRC of every member, a key's entry ``sha256`` where the manifest has one).
-The online form reads, per server, the manifests of every rank and then only the source ranks whose range of some
-key overlaps its own (a row_sparse key's range comes from its manifest entry); but ``np.load`` reads an ``.npz``
-member whole, so a server reads the whole key files of those ranks, not just its rows: growing S -> 2S each new
-server reads about one source rank (twice its share). A seek-per-range reader is left for later (the issue's
-benchmark).
+The online form (:func:`restore_for`, ``Source.open(by_range=True)``) reads, per server, the manifests of every
+rank and then, of each row_sparse key, only the rows of its range from the source ranks whose range overlaps it,
+by seeking into the key files (``persist.ranged``: the ids whole and CRC-checked, then the slice of weights,
+states, columns and pending ids), its deltas whole and checked, and of a disk tier store only its range's records.
+Dense keys are read whole by the server that holds them (a big dense key split by elements: every source part, by
+each new holder). Growing S -> N, a server reads about 1/N of the rows plus the ids of the source ranks it overlaps.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstore_lazy import paths
-from kvstore_lazy.persist import snapshots
+from kvstore_lazy.persist import ranged, snapshots
 from kvstore_lazy.persist.atomic import file_digest, fsync_path
 from kvstore_lazy.persist.snapshots import SnapshotError
 from kvstore_lazy.protocol import mxnet as mx
@@ -90,10 +91,16 @@ class Source:
     num_servers: int
     manifests: list[dict]
     servers: list[dict]                       # each rank's newest server state (its last delta's, else the base's)
+    by_range: bool = False                    # read a key's rows by range (online), not every rank whole (offline)
+    counter: ranged.Counter = field(default_factory=ranged.Counter)
     _loaded: dict[int, dict] = field(default_factory=dict)
+    _keys: dict[tuple, dict] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike) -> "Source":
+    def open(cls, directory: str | os.PathLike, by_range: bool = False, counter: ranged.Counter | None = None
+             ) -> "Source":
+        """The source in `directory`; `by_range`: its keys read by :meth:`key_table` a range at a time, the bytes
+        read added to `counter`."""
         directory = Path(directory)
         ranks = snapshots.snapshot_ranks(directory)
         if not ranks:
@@ -109,7 +116,10 @@ class Source:
             raise ReshardError(f"{where}: a partial source: written by {num_servers} servers, ranks {ranks} found "
                                f"(missing {missing or 'none'}); refusing to reshard")
         checked = [m for m in manifests if m is not None]
-        return cls(directory, num_servers, checked, [_newest_server(directory, r, m) for r, m in enumerate(checked)])
+        source = cls(directory, num_servers, checked, [_newest_server(directory, r, m) for r, m in enumerate(checked)],
+                     by_range, counter or ranged.Counter())
+        source.counter.manifests += sum(paths.manifest(snapshots.live_dir(directory, r)).stat().st_size for r in ranks)
+        return source
 
     def tables(self, rank: int) -> dict:
         """Rank `rank`'s tables (key -> table), its deltas folded; SnapshotError naming a damaged file."""
@@ -120,6 +130,22 @@ class Source:
             _check_base_files(snapshots.live_dir(self.directory, rank), self.manifests[rank])
             self._loaded[rank] = loaded.tables
         return self._loaded[rank]
+
+    def key_table(self, rank: int, key: int, span: tuple[int, int] | None = None) -> dict:
+        """Key `key` of rank `rank`: from :meth:`tables` (offline), else only its rows whose stored id is in
+        `span` ([lo, hi); None: all), read by seeking (``persist.ranged``; rows outside `span` may remain)."""
+        if not self.by_range or rank in self._loaded:
+            return self.tables(rank)[key]
+        if (rank, key, span) not in self._keys:
+            self._keys[rank, key, span] = ranged.key_range(self.directory, rank, key, self.manifests[rank], span,
+                                                           self.counter)
+        return self._keys[rank, key, span]
+
+    def dense_size(self, rank: int, key: int) -> int:
+        """Elements of dense key `key` on rank `rank` (online: from its file's npy header)."""
+        if not self.by_range or rank in self._loaded:
+            return int(self.tables(rank)[key]["weights"].size)
+        return ranged.dense_size(paths.key_file(snapshots.live_dir(self.directory, rank), key), self.counter)
 
     def holders(self, key: int) -> list[int]:
         """The source ranks holding `key`, ascending."""
@@ -198,14 +224,14 @@ def layout_of(source: Source, key: int, bound: int) -> Layout:
         rows = sum(int(source.manifests[r]["keys"][str(key)]["local_rows"]) for r in holders)
         row_size = int(info["row_size"])
     else:
-        sizes = [int(source.tables(r)[key]["weights"].size) for r in holders]
+        sizes = [source.dense_size(r, key) for r in holders]
         rows, row_size = sum(sizes), 1
     split = len(holders) > 1 if source.num_servers > 1 else rows * row_size >= bound
     layout = Layout(kind, rows, split, local=kind == "row_sparse")
     for r in holders:                        # the source must be laid out as MXNet lays it out
         part = layout.part(source.num_servers, r, key)
         have = (int(source.manifests[r]["keys"][str(key)]["local_rows"]) if kind == "row_sparse"
-                else int(source.tables(r)[key]["weights"].size))
+                else source.dense_size(r, key))
         if part is None or part[1] != have:
             raise ReshardError(f"{paths.rank_dir(source.directory, r)}: key {key} holds {have} "
                                f"{'rows' if kind == 'row_sparse' else 'elements'} on rank {r}, not the part MXNet "
@@ -233,7 +259,7 @@ def _all_rows(table: dict) -> dict:
     disk = table.get("disk")
     if disk is None:
         return rows
-    parts = [rows, _disk_rows(Path(disk), len(rows["states"]), list(rows["cols"]))]
+    parts = [rows, _disk_rows(Path(disk), len(rows["states"]), list(rows["cols"]), table.get("disk_span"))]
     ids = np.concatenate([p["row_ids"] for p in parts])
     order = np.argsort(ids, kind="stable")
     return {"row_ids": ids[order],
@@ -242,19 +268,22 @@ def _all_rows(table: dict) -> dict:
             "cols": {n: np.concatenate([p["cols"][n] for p in parts])[order] for n in rows["cols"]}}
 
 
-def _disk_rows(store_dir: Path, num_states: int, cols: list[str]) -> dict:
-    """Every row of a disk tier store a snapshot holds, read from a hard-linked copy (opening a store deletes
-    segment files its index does not list: the source must not change), every record verified."""
+def _disk_rows(store_dir: Path, num_states: int, cols: list[str], span: tuple[int, int] | None = None) -> dict:
+    """Every row of a disk tier store a snapshot holds (only those whose id is in `span` if given), read from a
+    hard-linked copy (opening a store deletes segment files its index does not list: the source must not change):
+    every record verified at open without `span`, with it each record read checked on its read."""
     from kvstore_lazy.store.segments import SegmentError, SegmentStore, link_or_copy
     copy = Path(tempfile.mkdtemp(prefix=".reshard-disk-", dir=store_dir.parent))
     try:
         for file in sorted(store_dir.iterdir()):
             link_or_copy(file, copy / file.name)
         try:
-            store = SegmentStore.open(copy, verify=True)
+            store = SegmentStore.open(copy, verify=span is None)
         except SegmentError as exc:
             raise ReshardError(f"{store_dir}: the disk tier store is damaged ({exc}); refusing to reshard") from None
         ids, payload = store.row_ids(), None
+        if span is not None:
+            ids = ids[(ids >= np.uint64(max(span[0], 0))) & (ids < np.uint64(max(span[1], 0)))]
         payload = store.get(ids) if len(ids) else np.zeros(0, store.payload_dtype)
         store.close()
     finally:
@@ -288,7 +317,7 @@ def _row_table(source: Source, key: int, layout: Layout, lo: int, count: int, ra
         first, size = _source_part(source, key, r, layout)
         if first + size <= lo or first >= lo + count:
             continue
-        table = source.tables(r)[key]
+        table = source.key_table(r, key, (lo - first, lo + count - first) if layout.local else (lo, lo + count))
         rows, pending = _rows_in(table, first if layout.local else 0, lo, lo + count)
         parts.append(rows)
         pendings.append(pending)
@@ -327,7 +356,7 @@ def _policy_state(states: list[dict], first: bool) -> dict:
 
 def _dense_table(source: Source, key: int, layout: Layout, first: int, count: int) -> dict:
     holders = source.holders(key)
-    tables = [source.tables(r)[key] for r in holders]
+    tables = [source.key_table(r, key) for r in holders]
     weights = np.concatenate([t["weights"].reshape(-1) for t in tables])[first:first + count]
     num_states = {len(t["states"]) for t in tables}
     if len(num_states) != 1:
@@ -375,12 +404,12 @@ def _server_state(source: Source, held: set[int]) -> dict:
 # the two forms
 
 
-def restore_for(directory: str | os.PathLike, rank: int, num_servers: int, bound: int | None = None
-                ) -> snapshots.Loaded:
+def restore_for(directory: str | os.PathLike, rank: int, num_servers: int, bound: int | None = None,
+                counter: ranged.Counter | None = None) -> snapshots.Loaded:
     """What server `rank` of a job of `num_servers` servers restores from the snapshot directory `directory`
-    (written by any number of servers): KVSTORE_LAZY_RESTORE_FROM. Reads the manifests and the source ranks its
-    ranges overlap."""
-    source = Source.open(directory)
+    (written by any number of servers): KVSTORE_LAZY_RESTORE_FROM. Reads the manifests, and of each key only the
+    rows of its range (``persist.ranged``: by seeking), the bytes read added to `counter`."""
+    source = Source.open(directory, by_range=True, counter=counter)
     server, tables = rank_state(source, rank, num_servers, bound_from_env() if bound is None else bound)
     for table in tables.values():
         table["meta"] = dict(table["meta"], rows=len(table["row_ids"]))
