@@ -15,6 +15,7 @@ What is verified (a slice cannot be checked against the whole file's sha256 nor 
 
 - the manifests, as always (format, ranks); ``row_ids`` and ``pending_ids`` are read whole and checked against
   their zip CRC, and must be sorted and unique;
+- a key read whole (a dense key: no span): every member against its zip CRC;
 - every sliced member (``weights``, ``state<i>``, ``col_*``, ``pending_count``/``pending_last``): ZIP_STORED, its
   npy header (C order, no objects), its row count equal to its id array's and to the manifest's, its size in the
   zip equal to header + rows. The values of the rows read are not checksummed: a flipped bit inside them is not
@@ -166,8 +167,18 @@ def base_range(path: Path, info: dict, span: tuple[int, int] | None, counter: Co
         if len(ids) != int(info["rows"]):
             raise npz._damaged("row_ids", f"holds {len(ids)} ids, the manifest says {info['rows']}")
         a, b = _span(ids, span)
-        weights = npz.rows("weights", a, b, len(ids))
-        states = [npz.rows(f"state{i}", a, b, len(ids)) for i in range(int(info.get("num_states", 0)))]
+
+        def take(name: str, lo: int, hi: int, count: int) -> np.ndarray:
+            """A slice by seeking; a whole member (no span) read whole and checked against its zip CRC."""
+            if span is None:
+                whole = npz.checked(name, "rows")
+                if whole.shape[0] != count:
+                    raise npz._damaged(name, f"holds {whole.shape[0]} rows, its ids {count}")
+                return whole
+            return npz.rows(name, lo, hi, count)
+
+        weights = take("weights", a, b, len(ids))
+        states = [take(f"state{i}", a, b, len(ids)) for i in range(int(info.get("num_states", 0)))]
         if any(s.shape[1:] != weights.shape[1:] for s in states):
             raise npz._damaged("state0", "has rows of another shape than the weights")
         names = list(info.get("arrays", []))
@@ -176,9 +187,9 @@ def base_range(path: Path, info: dict, span: tuple[int, int] | None, counter: Co
         arrays = {"pending_ids": pending[pa:pb]} if "pending_ids" in names else {}
         for name in names:
             if name.startswith("col_"):
-                arrays[name] = npz.rows(name, a, b, len(ids))
+                arrays[name] = take(name, a, b, len(ids))
             elif name.startswith("pending_") and name not in _ID_ARRAYS + ("pending_dead",):
-                arrays[name] = npz.rows(name, pa, pb, len(pending))
+                arrays[name] = take(name, pa, pb, len(pending))
             elif name not in arrays:
                 arrays[name] = npz.checked(name, "whole")
     return {"row_ids": ids[a:b], "weights": weights, "states": states, "arrays": arrays, "meta": info}
