@@ -230,6 +230,9 @@ def assert_same_lifecycle(a: snapshots.Loaded, b: snapshots.Loaded) -> None:
     x, y = a.tables[3]["arrays"], b.tables[3]["arrays"]
     assert sorted(x) == sorted(y) and any(n.startswith("col_") for n in x), sorted(x)
     assert len(x.get("pending_ids", ())) > 0, "no id waiting for admission: the policy was not exercised"
+    policies = [m.tables[3]["meta"]["policy_state"] for m in (a, b)]
+    assert policies[0]["round"] == policies[1]["round"] == N + M
+    assert all(p["counters"]["evicted_ttl"] > 0 for p in policies), "the TTL removed no row"
     for name in x:
         assert x[name].tobytes() == y[name].tobytes(), f"key 3: {name} differs"
 
