@@ -33,7 +33,7 @@ FRESH, REJOIN, REGISTER, AUTO = "", "rejoin", "register", "auto"   # the values 
 
 
 def membership_path(directory: str | os.PathLike, rank: int) -> Path:
-    return Path(directory) / f"node.rank{rank}.json"
+    return paths.membership(directory, rank)
 
 
 def find_membership(directory: str | os.PathLike, host: str, port: int, rank: int = -1,

@@ -31,6 +31,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvstore_lazy import paths
+
 MAGIC = b"KVLJ"
 VERSION = 1
 _HEADER = struct.Struct("<4sIQQ")
@@ -45,14 +47,14 @@ class JournalError(ValueError):
 
 
 def journal_path(directory: str | os.PathLike, rank: int, epoch: int, base_seq: int) -> Path:
-    return Path(directory) / f"journal.rank{rank}.{epoch:016x}.{base_seq}"
+    return paths.journal(directory, rank, epoch, base_seq)
 
 
 def remove_others(directory: str | os.PathLike, rank: int, keep: Path) -> None:
     """Delete this rank's journal files other than `keep` (after a snapshot made them redundant, or at the start
     of a recovery: a journal created for a snapshot that never committed), and the temp files of interrupted
     header writes."""
-    for path in Path(directory).glob(f"journal.rank{rank}.*"):
+    for path in paths.journals(directory, rank):
         if path != keep:
             path.unlink(missing_ok=True)
 

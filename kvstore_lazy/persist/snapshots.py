@@ -59,7 +59,7 @@ from kvstore_lazy import paths
 from kvstore_lazy.persist.atomic import atomic_write_dir, file_digest, remove_path, settle_dir
 
 FORMAT = 1
-TAGGED_DIR = "tagged"   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
+TAGGED_DIR = paths.TAGGED_DIR   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
 DELTA_FORMAT = "delta-1"
 DEFAULT_MAX_DELTAS = 8
 _DELTA_DIR = re.compile(r"delta-(\d{6})")
@@ -91,7 +91,7 @@ def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
     extra = table.get("arrays", {})
     for name, value in extra.items():
         arrays[name] = np.asarray(value)
-    path = directory / f"key{key}.npz"
+    path = paths.key_file(directory, key)
     np.savez(path, **arrays)
     entry = dict(table.get("meta", {}), rows=int(len(arrays["row_ids"])), num_states=len(table.get("states", [])),
                  arrays=sorted(extra))
@@ -101,7 +101,7 @@ def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
         entry["sha256"] = file_digest(path)[0]
     disk = table.get("disk")
     if disk is not None:     # the key's disk tier: committed into the snapshot, its segments hard-linked
-        name = f"key{key}.disk"
+        name = paths.key_disk_name(key)
         disk.commit(into=directory / name)
         entry["disk"], entry["disk_sha256"] = name, file_digest(directory / name / "index.npz")[0]
     return entry
@@ -135,7 +135,7 @@ def _write_base(target: Path, rank: int, num_servers: int, tables: dict[int, dic
             table = {k: v for k, v in table.items() if k != "mode"}
             manifest["keys"][str(key)] = _write_key(tmp, key, table, checksum=False)
         text = json.dumps(manifest, indent=1).encode()
-        (tmp / "manifest.json").write_bytes(text)
+        paths.manifest(tmp).write_bytes(text)
         out["sha"], out["bytes"] = hashlib.sha256(text).hexdigest(), sum(f.stat().st_size for f in tmp.iterdir())
 
     atomic_write_dir(target, fill)
@@ -297,7 +297,7 @@ class SnapshotChain:
                 manifest["keys"][str(key)] = _write_key(tmp, key, dict(table, mode=table.get("mode", "full")),
                                                         checksum=True)
             text = json.dumps(manifest, indent=1).encode()
-            (tmp / "manifest.json").write_bytes(text)
+            paths.manifest(tmp).write_bytes(text)
             out["sha"], out["bytes"] = hashlib.sha256(text).hexdigest(), sum(f.stat().st_size for f in tmp.iterdir())
 
         atomic_write_dir(path, fill)
@@ -314,7 +314,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
     if manifest is None:
         return None
     rank_dir = live_dir(directory, rank)
-    tables = {int(k): dict(_read_key(rank_dir / f"key{k}.npz", info), meta=info)
+    tables = {int(k): dict(_read_key(paths.key_file(rank_dir, int(k)), info), meta=info)
               for k, info in manifest["keys"].items()}
     disks = {int(k): _disk_of(rank_dir, k, info) for k, info in manifest["keys"].items()}
     chain = _base_chain(rank_dir, manifest)
@@ -346,7 +346,7 @@ def _base_chain(rank_dir: Path, manifest: dict) -> dict | None:
     chain_id = manifest.get("chain", {}).get("id")
     if chain_id is None:
         return None
-    sha = file_digest(rank_dir / "manifest.json")[0]
+    sha = file_digest(paths.manifest(rank_dir))[0]
     base_bytes = sum(f.stat().st_size for f in rank_dir.iterdir() if f.is_file())
     return {"id": chain_id, "seq": 0, "sha256": sha, "base_bytes": base_bytes, "delta_bytes": 0}
 
@@ -374,7 +374,7 @@ def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict
     """Read every key file of one delta (checked against its checksum) into `changes`, folding it on what the
     earlier deltas made of the key."""
     for k, info in delta_manifest["keys"].items():
-        file = path / f"key{k}.npz"
+        file = paths.key_file(path, int(k))
         if not file.exists() or file_digest(file)[0] != info.get("sha256"):
             raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
                                 f"to load")
@@ -391,7 +391,7 @@ def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict
             raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
 
 def _read_delta_manifest(path: Path) -> tuple[dict, str]:
-    file = path / "manifest.json"
+    file = paths.manifest(path)
     try:
         text = file.read_bytes()
         manifest = json.loads(text)

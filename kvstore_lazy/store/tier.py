@@ -27,7 +27,7 @@ from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_
                                          SegmentStore,
                        executor, join, link_or_copy, pick, put_at)
 
-STORE_FILE = "store.json"
+STORE_FILE = paths.STORE_FILE
 MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
 TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion (one pwrite of ~2 MB at D=32:

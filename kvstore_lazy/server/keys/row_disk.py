@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from kvstore_lazy import paths
+
 from kvstore_lazy.numerics.optimizers import Optimizer
 from kvstore_lazy.server.keys.row_fields import RowKeyFields
 from kvstore_lazy.server.lifecycle import Lifecycle
@@ -34,7 +36,7 @@ class RowKeyDisk(RowKeyFields):
                                  rows=dense_rows(self.row_offset, self.local_rows, lifecycle.settings.memory_budget))
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
-        return Path(lifecycle.settings.disk_dir) / f"rank{self.rank}" / f"key{self.key}"
+        return paths.disk_store(lifecycle.settings.disk_dir, self.rank, self.key)
 
     def _promote(self, row_ids: np.ndarray, count: bool = True) -> None:
         """Rows of `row_ids` (unique) on disk come back into the table as they left (one batched read); `count`:

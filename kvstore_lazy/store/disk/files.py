@@ -1,8 +1,9 @@
 """The files of a store directory: their names, and the file-system steps that write them safely.
 
-Owns: the one place that names every file a store writes (``store.json``, ``index.npz``, ``seg-NNNNNN.dat``, the
-``.tmp`` of an atomic write), creating a segment with its space reserved, atomic replacement (temp file, fsync,
-rename, fsync of the directory), fsync by path, and hard-linking a segment into another directory (a snapshot).
+Owns: the names of the files a store writes, as :mod:`kvstore_lazy.paths` spells them (``store.json``,
+``index.npz``, ``seg-NNNNNN.dat``, the ``.tmp`` of an atomic write), creating a segment with its space reserved,
+atomic replacement (temp file, fsync, rename, fsync of the directory), fsync by path, and hard-linking a segment
+into another directory (a snapshot).
 Does not own: what goes into the files (:mod:`.layout`, :mod:`.commit`) or when they are written.
 
 Space for a segment is reserved when it is created (``posix_fallocate``), so a full disk shows up there, never as
@@ -15,16 +16,17 @@ import os
 import shutil
 from pathlib import Path
 
+from kvstore_lazy import paths
 from kvstore_lazy.store.disk.errors import DiskError
 
-STORE_FILE = "store.json"       # the record layout, written once
-INDEX_FILE = "index.npz"        # the committed index: the commit point
-SEGMENT_GLOB = "seg-*.dat"
+STORE_FILE = paths.STORE_FILE     # the record layout, written once
+INDEX_FILE = paths.INDEX_FILE     # the committed index: the commit point
+SEGMENT_GLOB = paths.SEGMENT_GLOB
 
 
 def segment_name(number: int) -> str:
     """The file name of the ``number``-th segment a store made (numbers are never reused; slots are)."""
-    return f"seg-{number:06d}.dat"
+    return paths.segment(".", number).name
 
 
 def fsync_path(path) -> None:
