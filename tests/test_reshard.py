@@ -323,30 +323,36 @@ def test_the_online_form_refuses_damaged_row_ids_by_name(source, tmp_path):
         reshard.restore_for(source, 1, 3, bound=10000)
 
 
-def synthetic_source(directory: Path, rows: int, servers: int = 2, dim: int = 8, every: int = 3) -> int:
-    """A snapshot of `servers` servers holding every `every`-th row of a lazy key of `rows` rows (one state, two
-    lifecycle columns, ids waiting for admission) and a small dense key, written by the snapshots' own writer;
-    the bytes of its row_sparse key files."""
+def synthetic_tables(rows: int, servers: int, rank: int, dim: int = 8, every: int = 3) -> tuple[dict, dict]:
+    """(server state, tables) of rank `rank` of `servers`: every `every`-th row of a lazy key of `rows` rows (one
+    state, two lifecycle columns, ids waiting for admission) and a small dense key."""
     spec = {"key": 3, "rows": rows, "row_shape": [dim], "dtype": "float32", "init": "zeros", "seed": 1,
             "bound": 1000}
     server = {"sync_mode": True, "specs": [spec], "aliases": {},
               "optimizer_counts": {"num_update": 5, "counts": {"3": 5, "9": 5}}}
+    first, count = reshard.mx.row_partition(rows, servers, rank)
+    ids = np.arange(first, first + count, every, dtype=np.uint64)
+    weights = (ids[:, None] * dim + np.arange(dim)).astype(np.float32)
+    pending = ids[:-1] + np.uint64(1)
+    sparse = {"row_ids": ids, "weights": weights, "states": [-weights],
+              "arrays": {"col_count": ids.astype(np.uint32), "col_last": ids.astype(np.int64) * 2,
+                         "pending_ids": pending, "pending_count": np.ones(len(pending), np.uint32),
+                         "pending_last": pending.astype(np.int64)},
+              "meta": {"kind": "row_sparse", "dtype": "float32", "row_size": dim, "local_rows": count,
+                       "row_offset": first, "lazy": True, "rank": rank}}
+    tables = {3: sparse}
+    if reshard.mx.dense_home_server(9, servers) == rank:
+        tables[9] = {"row_ids": np.zeros(1, np.uint64), "weights": np.ones((1, 16), np.float32),
+                     "states": [np.zeros((1, 16), np.float32)], "meta": {"kind": "dense", "dtype": "float32"}}
+    return server, tables
+
+
+def synthetic_source(directory: Path, rows: int, servers: int = 2) -> int:
+    """A snapshot of :func:`synthetic_tables` written by the snapshots' own writer; the bytes of its row_sparse key
+    files."""
     size = 0
     for rank in range(servers):
-        first, count = reshard.mx.row_partition(rows, servers, rank)
-        ids = np.arange(first, first + count, every, dtype=np.uint64)
-        weights = (ids[:, None] * dim + np.arange(dim)).astype(np.float32)
-        pending = ids[:-1] + np.uint64(1)
-        sparse = {"row_ids": ids, "weights": weights, "states": [-weights],
-                  "arrays": {"col_count": ids.astype(np.uint32), "col_last": ids.astype(np.int64) * 2,
-                             "pending_ids": pending, "pending_count": np.ones(len(pending), np.uint32),
-                             "pending_last": pending.astype(np.int64)},
-                  "meta": {"kind": "row_sparse", "dtype": "float32", "row_size": dim, "local_rows": count,
-                           "row_offset": first, "lazy": True, "rank": rank}}
-        tables = {3: sparse}
-        if reshard.mx.dense_home_server(9, servers) == rank:
-            tables[9] = {"row_ids": np.zeros(1, np.uint64), "weights": np.ones((1, 16), np.float32),
-                         "states": [np.zeros((1, 16), np.float32)], "meta": {"kind": "dense", "dtype": "float32"}}
+        server, tables = synthetic_tables(rows, servers, rank)
         snapshots.write_snapshot(directory, rank, servers, tables, server)
         size += (directory / f"rank{rank}" / "key3.npz").stat().st_size
     return size
@@ -367,3 +373,41 @@ def test_each_new_server_reads_its_share_by_seeking(tmp_path):
         assert rows > 3000 and counter.rows <= rows * per_row + dense
         assert counter.ids < size / 4 and counter.deltas == counter.whole == 0, counter
         assert counter.rows + counter.ids < 0.55 * size, (counter, size)
+
+
+def test_the_online_form_folds_deltas_as_the_servers_own_restore_does(tmp_path):
+    """A base and two deltas per rank (rows changed and added in every new range, rows and waiting ids removed,
+    a full rewrite of the dense key): each of 3 new servers restores by range exactly what the offline form,
+    which folds with ``snapshots.load_snapshot``, gives it."""
+    src = tmp_path / "src"
+    for rank in range(2):
+        server, tables = synthetic_tables(30000, 2, rank)
+        chain = snapshots.SnapshotChain(src, rank, 2)
+        chain.write(server, tables, delta=False)
+        for step in (1, 2):
+            base = tables[3]
+            changed = base["row_ids"][step::7] + np.uint64(step)      # existing ids moved by one: new rows
+            ids = np.union1d(base["row_ids"][::5], changed).astype(np.uint64)
+            weights = (ids[:, None] * 0.5 + np.arange(8) + step).astype(np.float32)
+            pending = base["arrays"]["pending_ids"]
+            delta = {"row_ids": ids, "weights": weights, "states": [weights * 2], "mode": "delta",
+                     "meta": base["meta"],
+                     "arrays": {"col_count": ids.astype(np.uint32) + step, "col_last": ids.astype(np.int64) + step,
+                                "dead_ids": np.setdiff1d(base["row_ids"][3::11], ids).astype(np.uint64),
+                                "pending_ids": pending[::9], "pending_count": np.full(len(pending[::9]), 1 + step,
+                                                                                      np.uint32),
+                                "pending_last": pending[::9].astype(np.int64) + step,
+                                "pending_dead": pending[4::13]}}
+            out = {3: delta}
+            if 9 in tables:
+                out[9] = dict(tables[9], weights=tables[9]["weights"] * (step + 1), mode="full")
+            chain.write(dict(server, optimizer_counts={"num_update": 5 + step, "counts": {"3": 5 + step}}), out,
+                        delta=True)
+    assert len(list(src.glob("rank*/delta-*"))) == 4
+    whole = reshard.Source.open(src)
+    for rank in range(3):
+        counter = reshard.ranged.Counter()
+        got = reshard.restore_for(src, rank, 3, bound=1000, counter=counter)
+        server, want = reshard.rank_state(whole, rank, 3, 1000)
+        assert got.manifest["server"] == server and counter.deltas > 0
+        _same_tables(got.tables, want)
