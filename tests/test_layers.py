@@ -3,10 +3,11 @@
 Rooms and who may import whom: ``protocol`` (the sans-IO codec) imports nothing of the project; ``store`` only
 ``paths``; ``numerics`` only the store's kernels and the compiled fast path's loader; ``server`` (request semantics,
 sans-IO) protocol/store/numerics/config/paths; ``persist`` (every file format) numerics (to rebuild absent rows),
-the store (fsync), paths and the protocol (how stock workers route keys, to reshard); ``transport`` (the only zmq code) the protocol; ``node`` (the server process) wires
-transport and server together; ``worker`` (the training process, the only mxnet code) and ``launch`` never import
-``node``. The sans-IO rooms never import a process room. No import circles. Only ``transport`` imports zmq, only
-``worker`` imports mxnet. Entry points (``__main__`` modules) only hand over to ``kvstore_lazy.cli``.
+the store (fsync), paths and the protocol (how stock workers route keys, to reshard); ``transport`` (the only zmq
+code) the protocol; ``node`` (the server process) wires transport and server together; ``worker`` (the training
+process, the only mxnet code) and ``launch`` never import ``node``. The sans-IO rooms never import a process room.
+No import circles. Only ``transport`` imports zmq, only ``worker`` imports mxnet. Entry points (``__main__``
+modules) only hand over to ``kvstore_lazy.cli``.
 
 Sizes as a symptom: no class over 400 lines, no module over 600, no function over 60.
 """
