@@ -4,7 +4,11 @@ MXNet 1.9.1 workers trains N steps on 2 servers and stops (its servers' shutdown
 from them and train M more steps. The final model, every stored row's optimizer states and the update counts must
 equal, bit for bit, those of a 2-server job that trained N + M steps straight through. A damaged, partial or
 unknown-format source is refused by name and never changed; a declaration that differs from the snapshot's is
-refused naming the key and both values."""
+refused naming the key and both values. The same grow and shrink with a memory budget, a disk tier and
+admission/TTL policies in every job also carry the lifecycle columns and the ids waiting for admission. The online
+form reads each key's rows of its range by seeking (persist/ranged.py): it gives each new server what the offline
+form's whole, verified read gives it (base and deltas), reads its share of the rows plus the ids, and refuses
+damaged ids by file and member."""
 from __future__ import annotations
 
 import hashlib
