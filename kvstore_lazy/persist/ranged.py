@@ -225,7 +225,7 @@ def key_range(directory: Path, rank: int, key: int, manifest: dict, span: tuple[
         entry = delta_manifest["keys"].get(str(key))
         if entry is None:
             continue
-        file = path / f"key{key}.npz"
+        file = paths.key_file(path, key)
         if not file.exists() or file_digest(file)[0] != entry.get("sha256"):
             raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing to "
                                 f"restore from it")
