@@ -319,3 +319,17 @@ def test_a_clear_killed_half_way_leaves_no_half_removed_store(tmp_path, monkeypa
     assert not path.exists() and (path.parent / f".key{KEY}.old").is_dir()
     tier_module.clear_dir(path)            # the next start: the leftover goes, the path is free
     assert not path.exists() and not (path.parent / f".key{KEY}.old").exists()
+
+
+def test_a_budget_the_disk_index_outgrows_is_named_as_the_cause(tmp_path, caplog):
+    """When what stays in memory is the disk tier's index of the rows on disk, the warning says so and what to set
+    (it used to blame 'keys not declared lazy, pending tables')."""
+    import logging
+    caplog.set_level(logging.WARNING, logger="kvstore_lazy")
+    peer, _ = run(streams(rounds=20, span=3000, batch=200), Settings(memory_budget=8 << 10, disk_dir=str(tmp_path)))
+    assert len(peer.server.keys[KEY].disk) > 0
+    said = [r.getMessage() for r in caplog.records if "memory budget" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "by what no budget pass can move: the disk tier's index of its rows on disk, " in said[0]
+    assert "raise KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk" in said[0]
+    assert "not declared lazy" not in said[0]

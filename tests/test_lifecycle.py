@@ -311,3 +311,19 @@ def test_the_budget_finds_the_kth_smallest_score_as_a_sort_does(dtype, span):
                 got = kth_smallest(parts, k)
                 assert got == np.sort(values)[k] and type(got) is dtype
                 assert all(np.array_equal(p, q) for p, q in zip(parts, kept))     # left as they were
+
+
+def test_a_budget_plain_row_sparse_keys_outgrow_is_named_with_the_remedy(caplog):
+    """Rows of a row_sparse key that was not declared lazy cannot be evicted: the warning names them, their bytes and
+    the declaration that would let the budget evict them."""
+    import logging
+    caplog.set_level(logging.WARNING, logger="kvstore_lazy")
+    peer, workers = server(settings=Settings(memory_budget=4 << 10))
+    plain = KEY + 1
+    peer.ok(workers[0].rsp_push(plain, list(range(500)), np.ones(500 * DIM, np.float32)))   # kv.init with rows
+    sync_round(peer, workers, [np.arange(3), np.arange(3)])
+    said = [r.getMessage() for r in caplog.records if "memory budget" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.search(r"rows of row_sparse keys not declared lazy, \d+ bytes \(the budget evicts only lazy keys' "
+                     r"rows: declare them with kvstore_lazy.worker.init_lazy", said[0]), said[0]
+    assert "disk tier" not in said[0]

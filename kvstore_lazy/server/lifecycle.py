@@ -401,7 +401,7 @@ class Lifecycle:
         excess = total - int(budget * low)
         entries = [e for _, e in sorted((e.key, e) for e in self._tables(keys) if e.policy is not None and len(e))]
         if not entries:
-            return self._cannot(total)
+            return self._cannot(total, keys)
         sizes = np.array([entry.row_nbytes() for entry in entries], np.int64)
         # at most this many rows are needed (all of the smallest size): the score of the want-th lowest row
         want = min(sum(len(e) for e in entries), -(-excess // int(sizes.min())))
@@ -434,15 +434,36 @@ class Lifecycle:
                 evicted += entry.evict(mine)
         self.budget_passes += 1
         if self.accounted(keys) > budget:
-            self._cannot(self.accounted(keys))
+            self._cannot(self.accounted(keys), keys)
         return evicted
 
-    def _cannot(self, total: int) -> int:
+    def _cannot(self, total: int, keys: dict | None = None) -> int:
+        """Warn once that the budget cannot be held, naming what holds the bytes no pass can move (largest first)
+        and what to set for each."""
         if not self._warned:
             self._warned = True
-            log.warning("memory budget %d bytes exceeded (%d accounted) by rows no policy may evict (keys not "
-                        "declared lazy, pending tables)", self.settings.memory_budget, total)
+            log.warning("memory budget %d bytes exceeded (%d accounted) by what no budget pass can move: %s",
+                        self.settings.memory_budget, total, self._unmovable(keys or {}))
         return 0
+
+    def _unmovable(self, keys: dict) -> str:
+        """The parts of the accounted bytes a pass cannot free, each with its remedy."""
+        parts = {"index": 0, "plain": 0, "pending": 0}
+        for entry in self._tables(keys):
+            disk = entry.disk.index_nbytes() if entry.disk is not None else 0
+            pending = entry.policy.pending_bytes() if entry.policy is not None else 0
+            parts["index"] += disk
+            parts["pending"] += pending
+            if entry.policy is None:
+                parts["plain"] += entry.accounted_bytes() - disk - pending
+        remedy = {
+            "index": "the disk tier's index of its rows on disk, %d bytes (it stays in memory: raise "
+                     "KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk)",
+            "plain": "rows of row_sparse keys not declared lazy, %d bytes (the budget evicts only lazy keys' rows: "
+                     "declare them with kvstore_lazy.worker.init_lazy, or raise KVSTORE_LAZY_MEMORY_BUDGET)",
+            "pending": "ids waiting for admission, %d bytes (lower KVSTORE_LAZY_ADMIT_CAP)"}
+        named = [remedy[k] % v for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v > 0]
+        return "; ".join(named) or "rows of lazy keys the pass could not reach (raise KVSTORE_LAZY_MEMORY_BUDGET)"
 
     def stats(self, keys: dict) -> dict:
         return {"memory_budget": self.settings.memory_budget, "accounted_bytes": self.accounted(keys),
