@@ -29,18 +29,35 @@ open-loop start can be up to ~1 ms late; the mean lateness is recorded (``start_
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import zmq
 
-from common import cpu_seconds  # (puts the repository on sys.path)
 
-import loadgen_wire as wire
-from kvstore_lazy.protocol.message import identity_of
-from kvstore_lazy.protocol.pbmeta import ADD_NODE, BARRIER, SERVER, WORKER, Meta, decode_meta
+def _bench_common():
+    """This folder's common.py, by its path: tests/workers has a module named common too, and the test suite puts
+    that folder on sys.path first (loading it also puts the repository on sys.path)."""
+    name = "bench_workers_common"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "common.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+cpu_seconds = _bench_common().cpu_seconds
+
+import loadgen_wire as wire  # noqa: E402
+from kvstore_lazy.protocol.message import identity_of  # noqa: E402
+from kvstore_lazy.protocol.pbmeta import ADD_NODE, BARRIER, SERVER, WORKER, Meta, decode_meta  # noqa: E402
 
 HELD = 0.002      # s: an open-loop start later than this was held back (the poller's resolution is 1 ms)
 
