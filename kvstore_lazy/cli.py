@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Callable
 
-from kvstore_lazy.config import BY_NAME, ConfigError, choice, read
+from kvstore_lazy.config import BY_NAME, ConfigError, choice
 
 
 def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server") -> int:
@@ -43,11 +43,12 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
     args = parser.parse_args(argv)
     if args.ready is not None:
         return _probe(args.ready)
+    env = dict(os.environ)   # options are the environment variables' spelling on the command line: they win
     for value, name in ((args.materialize, "KVSTORE_LAZY_MATERIALIZE"),
                         (args.metrics_port, "KVSTORE_LAZY_METRICS_PORT"),
                         (args.metrics_bind, "KVSTORE_LAZY_METRICS_BIND")):
         if value is not None:
-            os.environ[name] = value   # options are the environment variables' spelling on the command line
+            env[name] = value
     from kvstore_lazy.node import runtime
     from kvstore_lazy.node.runtime import Config, StartupError
 
@@ -56,14 +57,14 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
     handler.setFormatter(logging.Formatter("%(asctime)s kvstore_lazy %(node)s %(levelname)s %(message)s"))
     bad_level: ConfigError | None = None
     try:
-        level = args.log_level or choice(os.environ, "KVSTORE_LAZY_LOG_LEVEL")
+        level = args.log_level or choice(env, "KVSTORE_LAZY_LOG_LEVEL")
     except ConfigError as exc:
         level, bad_level = "INFO", exc
     logging.basicConfig(level=level, handlers=[handler])
     try:
         if bad_level is not None:
             raise StartupError(str(bad_level))
-        return _run(Config.from_env())
+        return _run(Config.from_env(env))
     except StartupError as exc:   # configuration, bind, registration, snapshot: one line and status 2
         logging.getLogger("kvstore_lazy").error("%s", exc)
         return 2
@@ -72,7 +73,7 @@ def server_main(argv: list[str] | None = None, prog: str = "kvstore-lazy-server"
 def _run(config) -> int:
     from kvstore_lazy.node.runtime import ServerNode
 
-    profile = read(os.environ, "KVSTORE_LAZY_PROFILE")
+    profile = config.profile
     if not profile:
         return ServerNode(config).run()
     # KVSTORE_LAZY_PROFILE=PREFIX: run under cProfile (CPU time, so a loaded machine does not inflate it), write

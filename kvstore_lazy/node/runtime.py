@@ -146,6 +146,8 @@ class Config:
     lifecycle: LifecycleSettings = LifecycleSettings()   # row admission/eviction defaults, memory budget
     snapshot_deltas: int = checkpoint.DEFAULT_MAX_DELTAS  # periodic snapshots: deltas between two bases
     metrics: tuple[str, int] | None = None   # Prometheus exporter (host, port): KVSTORE_LAZY_METRICS_PORT/_BIND
+    status_file: str = ""           # KVSTORE_LAZY_STATUS_FILE: the phase, for `kvstore-lazy ready` probes
+    profile: str = ""               # KVSTORE_LAZY_PROFILE: run under cProfile, write PREFIX.<pid>.prof
     restore_from: str = ""          # KVSTORE_LAZY_RESTORE_FROM: another job's snapshots to start from (any count)
     lazy_job: bool = False          # KVSTORE_LAZY: the job says it is lazy (an undeclared full init is then a warning)
 
@@ -205,6 +207,8 @@ class Config:
             resume=resume,
             snapshot_deltas=integer(env, "KVSTORE_LAZY_SNAPSHOT_DELTAS", checkpoint.DEFAULT_MAX_DELTAS, minimum=0),
             metrics=metrics,
+            status_file=read(env, "KVSTORE_LAZY_STATUS_FILE"),
+            profile=read(env, "KVSTORE_LAZY_PROFILE"),
             restore_from=read(env, "KVSTORE_LAZY_RESTORE_FROM"),
             lazy_job=boolean(env, "KVSTORE_LAZY"),
         )
@@ -293,7 +297,7 @@ class ServerNode:
                          malformed=self.metrics.malformed if self.metrics is not None else None)
         self.node.handler = self
         self.durability = Durability(cfg, self.clock, self.delivery, self.metrics)
-        self.status = lifecycle.StatusFile.from_env()   # KVSTORE_LAZY_STATUS_FILE, read by --ready probes
+        self.status = lifecycle.StatusFile(cfg.status_file or None)   # read by `kvstore-lazy ready` probes
         self.session = Session(cfg, self.node, self.guard, self.watch, self.durability, self.status,
                                self._open_server, self._start_timers)
 
