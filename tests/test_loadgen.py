@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench_
 
 import loadgen_wire as wire  # noqa: E402
 import saturation_report  # noqa: E402
-from loadgen import LoadgenError, Plan, SimWorkers, run_steps  # noqa: E402
+from loadgen import LoadgenError, Plan, SimWorkers, bench_common, run_steps  # noqa: E402
 from wire_fixtures import load_fixture  # noqa: E402
 
 from kvstore_lazy.protocol import mxnet as proto  # noqa: E402
@@ -123,7 +123,7 @@ def _pull_dense(workers: SimWorkers) -> np.ndarray:
 
 
 def _row_plan(n: int, batch: int) -> list[list]:
-    from common import ZipfRows
+    ZipfRows = bench_common.ZipfRows   # the bench folder's common.py (tests/workers has one of that name too)
     steps = []
     for rank in range(n):
         stream = ZipfRows(ROWS, batch, 7, rank)
