@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -167,8 +168,14 @@ def test_a_server_restarted_on_a_damaged_segment_refuses_it(tmp_path):
 
     def damage_then_kill(job, outcome):
         snap = out / "snap" / "rank0"
-        segs = sorted(p for p in snap.rglob("seg-*.dat"))
-        assert segs, "the snapshots must hold disk tier segments by now"
+        deadline = time.monotonic() + 60          # a slow machine: the first snapshot with segments comes later
+        while True:                               # committed snapshots only (no component starting with ".")
+            segs = sorted(p for p in snap.rglob("seg-*.dat")
+                          if not any(part.startswith(".") for part in p.relative_to(snap).parts))
+            if segs or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert segs, "the snapshots hold no disk tier segment 60 s after step 40"
         for seg in segs:             # break the links: the snapshot's copies are damaged (a byte of every record)
             size = json.loads((seg.parent / "store.json").read_text())["record_bytes"]
             data = np.frombuffer(seg.read_bytes(), np.uint8).copy().reshape(-1, size)
@@ -177,7 +184,8 @@ def test_a_server_restarted_on_a_damaged_segment_refuses_it(tmp_path):
             seg.write_bytes(data.tobytes())
         faultjob.kill_rank(0)(job, outcome)
 
-    outcome = faultjob.run(faultjob.make_job(out, sleep=0.02, server_env=env), out, fault=damage_then_kill,
+    outcome = faultjob.run(faultjob.make_job(out, steps=2000, sleep=0.02, server_env=env), out,
+                           fault=damage_then_kill,
                            at_step=40)
     log = outcome.log
     assert outcome.code == 4, log[-5000:]
