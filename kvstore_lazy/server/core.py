@@ -294,7 +294,7 @@ class KVServer:
             num_states = self.optimizer.num_states() if self.optimizer is not None else 0
             self.keys[request.key] = RowSparseKey.first_push(
                 request, self.specs.get(request.key), self._storage_dtype(request.dtype), num_states,
-                self.num_servers, self.rank, self.lifecycle)
+                self.num_servers, self.rank, self.lifecycle, self.optimizer)
             return [wire.reply(request.sender, request.meta)]
         return self.train_push(request, entry, entry.gradient(request))
 
@@ -385,4 +385,6 @@ class KVServer:
             if table["meta"]["kind"] == DenseKey.kind:
                 self.keys[key] = DenseKey.restore(key, table, self.multi_precision)
             else:
-                self.keys[key] = RowSparseKey.restore(key, table, self.specs.get(key), num_states, self.lifecycle)
+                entry = RowSparseKey.restore(key, table, self.specs.get(key), num_states, self.lifecycle)
+                entry.use_optimizer(self.optimizer)    # (a snapshot without a history: from here on)
+                self.keys[key] = entry

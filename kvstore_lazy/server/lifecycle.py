@@ -350,10 +350,10 @@ class Lifecycle:
         self.keys = keys
         policy = getattr(entry, "policy", None)
         if policy is None:
-            entry.apply(grad, optimizer)
+            entry.apply(grad, optimizer, sync)
             return
         policy.begin(sync)
-        entry.apply(grad, optimizer)
+        entry.apply(grad, optimizer, sync)
         if policy.point:
             entry.expire()
             if self.settings.memory_budget:

@@ -1,7 +1,7 @@
 """Which optimizers stock runs with dense semantics on a row_sparse weight, and the rule of each.
 
 Owns: :func:`rule_for`, the table of MXNet 1.9.1's choices (python/mxnet/optimizer/optimizer.py and the ops'
-storage dispatch in src/operator/optimizer_op.cc):
+storage dispatch in src/operator/optimizer_op.cc), and :func:`rule_named` (a rule by its name, for snapshots):
 
 =================  =====================================================  =======================
 optimizer          stock on a row_sparse weight and gradient              rule
@@ -29,6 +29,17 @@ from kvstore_lazy.numerics.optimizers import NAG, SGD, Adam, Optimizer, RMSProp,
 def dense_semantics(opt: Optimizer) -> bool:
     """Whether stock moves the rows without gradient of a row_sparse key under this optimizer."""
     return rule_for(opt) is not None
+
+
+RULES: dict[str, type[ZeroRule]] = {r.name: r for r in (SGDDecay, SGDMomentum, NAGMomentum, SignumMomentum, SignSGD,
+                                                       RMSPropZero, RMSPropCentered, AdamStd)}
+
+
+def rule_named(name: str) -> ZeroRule:
+    """The rule called `name` (a snapshot's); ValueError for any other name."""
+    if name not in RULES:
+        raise ValueError(f"unknown zero-gradient rule {name!r} (known: {', '.join(sorted(RULES))})")
+    return RULES[name]()
 
 
 def rule_for(opt: Optimizer) -> ZeroRule | None:

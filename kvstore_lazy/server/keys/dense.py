@@ -70,7 +70,7 @@ class DenseKey:
         merged += grad
         return merged
 
-    def apply(self, grad: np.ndarray, optimizer: Optimizer | None) -> None:
+    def apply(self, grad: np.ndarray, optimizer: Optimizer | None, sync: bool = True) -> None:
         self._payload = None
         if optimizer is None:
             self._stored[...] = grad

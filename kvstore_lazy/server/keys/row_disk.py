@@ -83,16 +83,18 @@ class RowKeyDisk(RowKeyFields):
         rest[pos] = False
         return row_ids[rest], np.ascontiguousarray(values[rest])
 
-    def _relayout_disk(self) -> None:
-        """The table's layout changed (dtype, number of states): rewrite the rows on disk to match, chunk by chunk
-        (weights cast to the table's dtype; states kept if their number did not change, else zero, as in memory)."""
+    def _relayout_disk(self, zero_states: bool = False) -> None:
+        """The table's layout changed (dtype, number of states, columns): rewrite the rows on disk to match, chunk
+        by chunk (weights cast to the table's dtype; states kept if their number did not change and not
+        `zero_states` (a new optimizer), else zero, as in memory)."""
         if self.disk is None:
             return
         old, path = self.disk, self.disk.path
         new = DiskTier(path.with_name(path.name + ".relayout"), self._table, old.store.segment_rows,
                        compact_ratio=old.store.compact_ratio, rows=old.store.rows)
-        same_states = old.layout[2] == self._table.num_states
+        same_states = old.layout[2] == self._table.num_states and not zero_states
         for rows in old.chunks():
+            self._relayout_rows(rows)
             rows["weights"] = rows["weights"].astype(self._table.dtype)
             rows["states"] = [s.astype(self._table.dtype) for s in rows["states"]] if same_states else \
                 [np.zeros_like(rows["weights"]) for _ in range(self._table.num_states)]
@@ -105,6 +107,9 @@ class RowKeyDisk(RowKeyFields):
         new.path.rename(path)
         self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio)
         self.disk.counters = new.counters
+
+    def _relayout_rows(self, rows: dict) -> None:
+        """A chunk of the rows on disk about to be rewritten in a new layout (``row_catchup`` brings them first)."""
 
     # -- the lifecycle: eviction points and the memory budget (see server.lifecycle)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstore_lazy.numerics.catchup import History
 from kvstore_lazy.protocol.kv import BadRequest
 from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.server.keys.sync_round import SyncRound
@@ -35,6 +36,7 @@ class RowKeyFields:
         self.spec = spec
         self.policy = policy
         self._track = track_changes         # tables record changes for incremental snapshots
+        self.history: History | None = None  # dense semantics: the key's steps (row_catchup), with a tick column
         self._table = self._new_table(storage_dtype, num_states)   # float32 under multi-precision
         self._rebuilt = True                # the next incremental snapshot must hold the whole key
         self.round = SyncRound()
@@ -42,7 +44,9 @@ class RowKeyFields:
         self.disk: DiskTier | None = None   # rows the budget moved out of memory
 
     def _new_table(self, dtype, num_states: int, rows: dict | None = None, buckets: int | None = None) -> RowTable:
-        columns = self.policy.columns if self.policy is not None else None
+        columns = dict(self.policy.columns) if self.policy is not None else None
+        if self.history is not None:
+            columns = dict(columns or {}, tick=np.int64)
         if rows is None:
             return RowTable(self.row_size, dtype, num_states=num_states, columns=columns, track_changes=self._track)
         return RowTable.load(rows, dtype=dtype, columns=columns, track_changes=self._track, buckets=buckets)

@@ -2,8 +2,9 @@
 
 Owns: the key's tables for a server snapshot (the rows in memory, the pending-admission table, the policy's state,
 the disk tier's store, which the checkpoint hard-links), the incremental part (rows created or written since the
-last snapshot, ``dead_ids`` for rows removed), :meth:`RowKeySnapshots.inspect` (everything a rejected request must
-leave alone, for tests) and :meth:`RowKeySnapshots.restore`, the inverse of the snapshot.
+last snapshot, ``dead_ids`` for rows removed; a dense key's history in its meta, its rows' ticks as a column),
+:meth:`RowKeySnapshots.inspect` (everything a rejected request must leave alone, for tests) and
+:meth:`RowKeySnapshots.restore`, the inverse of the snapshot.
 Does not own: the snapshot files, their chain of deltas and their atomic writes (``persist.checkpoint``), the
 row table's change tracking (``store.rows.RowTable``).
 """
@@ -14,12 +15,13 @@ from typing import Self
 import numpy as np
 
 from kvstore_lazy.server.declaration import LazySpec
-from kvstore_lazy.server.keys.row_states import RowKeyStates
+from kvstore_lazy.numerics.catchup import History
+from kvstore_lazy.server.keys.row_catchup import RowKeyCatchUp
 from kvstore_lazy.server.lifecycle import Lifecycle, RowPolicy
 from kvstore_lazy.store.tier import DiskTier
 
 
-class RowKeySnapshots(RowKeyStates):
+class RowKeySnapshots(RowKeyCatchUp):
     """The key's snapshots and its restore (see the module docstring)."""
 
     def snapshot(self) -> dict:
@@ -52,6 +54,8 @@ class RowKeySnapshots(RowKeyStates):
             arrays["dead_ids"] = rows["removed"]
         if self.policy is not None:
             meta["policy_state"] = self.policy.state()
+        if self.history is not None:
+            meta["history"] = self.history.to_json()
         if pending is not None:
             arrays.update(pending_ids=pending["row_ids"], pending_count=pending["weights"].reshape(-1),
                           pending_last=pending["columns"]["last"])
@@ -109,6 +113,8 @@ class RowKeySnapshots(RowKeyStates):
         entry = cls(key, np.dtype(info["dtype"]), int(info["row_size"]), table["weights"].dtype,
                     len(table["states"]), int(info["local_rows"]), int(info["row_offset"]), spec, policy,
                     lifecycle.settings.track_changes if lifecycle is not None else False)
+        if info.get("history") is not None:
+            entry.history = History.from_json(info["history"])
         rows = {"row_ids": table["row_ids"], "weights": table["weights"], "states": table["states"],
                 "columns": {name[4:]: a for name, a in arrays.items() if name.startswith("col_")}}
         entry._table = entry._new_table(table["weights"].dtype, len(table["states"]), rows, info.get("buckets"))

@@ -41,7 +41,8 @@ class RowSparseKey(RowKeySnapshots):
 
     @classmethod
     def first_push(cls, request: DataRequest, spec: LazySpec | None, storage_dtype: np.dtype, num_states: int,
-                   num_servers: int, rank: int, lifecycle: Lifecycle | None = None) -> "RowSparseKey":
+                   num_servers: int, rank: int, lifecycle: Lifecycle | None = None,
+                   optimizer: Optimizer | None = None) -> "RowSparseKey":
         """The init push: a declared key takes its shape from the declaration (its init may carry no rows); any
         other key gets the rows the init carries, and those are all the rows it has."""
         values = request.values
@@ -66,6 +67,7 @@ class RowSparseKey(RowKeySnapshots):
         entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
                     policy, track)
         entry.rank = rank
+        entry.use_optimizer(optimizer)
         if lifecycle is not None:
             entry._open_disk(lifecycle)
         entry.check_rows(request.local_ids)
@@ -102,9 +104,17 @@ class RowSparseKey(RowKeySnapshots):
             return kernels.merge_rows(merged[0], merged[1], local_ids, values)
         return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.float32).reshape(-1, values.shape[1])
 
-    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None) -> None:
+    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True) -> None:
+        """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the
+        updater (stock's ApplyUpdates does: the update is counted, and under dense semantics every row moves); an
+        async push without rows changes nothing (stock answers it)."""
         local_ids, values = grad
         if len(local_ids) == 0:
+            if sync and optimizer is not None:
+                self._count_empty(optimizer)
+            return
+        if self.history is not None:
+            self._apply_dense(local_ids, values, optimizer)
             return
         row_ids = self.row_ids_of(local_ids)
         admit = self._disk_admit()
@@ -123,6 +133,16 @@ class RowSparseKey(RowKeySnapshots):
         self._update(slots, values, optimizer)
         if self.policy is not None:
             self.policy.pushed(self._table, slots)
+
+    def _count_empty(self, optimizer: Optimizer) -> None:
+        """The update of a round without rows of this server: counted (lr schedules, Adam's t), every row moved
+        under dense semantics (recorded in the history)."""
+        empty = np.zeros((0, self.row_size), self._table.dtype)
+        if self.history is not None:
+            self._update_touched(np.zeros(0, np.int64), empty, optimizer)
+            return
+        states = [np.zeros_like(empty, dtype=np.float32) for _ in range(self.num_states)]
+        optimizer.update(self.key, empty.astype(np.float32), empty.astype(np.float32), states, row_sparse=True)
 
     def _update(self, slots: np.ndarray, values: np.ndarray, optimizer: Optimizer | None) -> None:
         if optimizer is None:
@@ -146,6 +166,8 @@ class RowSparseKey(RowKeySnapshots):
         row_ids = self.row_ids_of(request.local_ids)
         if store and self.policy is not None and not self.policy.stores_on_pull:
             store = False            # rows wait for admission: a pull never creates one
+        if self.dense():
+            return self._pull_dense(row_ids, store).astype(self.dtype, copy=False).tobytes()
         admit = self._disk_admit()
         if (store or self.spec is None) and admit is not None:
             # rows on disk the memory tier admits come back, the others are read where they are; absent rows
@@ -200,7 +222,7 @@ class RowSparseKey(RowKeySnapshots):
         """For the compiled pull path: the declared initializer's compiled values (``compiled_fill``) when a row a
         pull finds absent is its initial value, left absent (:meth:`pull` without `store`: a lazy key with no row
         policy and no disk tier), else None."""
-        if self.policy is not None or self.disk is not None:
+        if self.policy is not None or self.disk is not None or self.dense():
             return None
         return self._compiled_fill
 
@@ -208,6 +230,6 @@ class RowSparseKey(RowKeySnapshots):
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a
         pull whose rows are all in the table is a plain gather of them in the wire dtype (float32), else None; a
         pull with any row not in the table always comes to :meth:`pull`."""
-        if self.dtype != np.float32 or self._table.dtype != np.float32:
+        if self.dtype != np.float32 or self._table.dtype != np.float32 or self.dense():
             return None
         return self._table.probe_arrays(), self.row_offset, self.local_rows

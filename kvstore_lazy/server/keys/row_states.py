@@ -77,7 +77,7 @@ class RowKeyStates(RowKeyDisk):
 
     def reset_states(self, optimizer: Optimizer) -> None:
         self._table.set_num_states(optimizer.num_states())
-        self._relayout_disk()
+        self._relayout_disk(zero_states=True)
         self._rebuilt = True         # every row's states changed (their number too): snapshot the whole key
 
     # -- rows and optimizer states, for worker checkpoints (state_transfer)
