@@ -99,6 +99,10 @@ VARIABLES: tuple[Variable, ...] = (
        "Garbage share of the disk tier past which its emptiest sealed segments are compacted."),
     _v("KVSTORE_LAZY_DISK_ADMIT_WINDOW", "int", "0", "server",
        "Rounds: a row on disk comes back into memory only if pushed in its key's last W rounds (0: always)."),
+    _v("KVSTORE_LAZY_ADAM_ROW_STEPS", "bool", "0", "server",
+       "Beyond stock: under lazy Adam (lazy_update=True), each row's bias correction counts the updates that row "
+       "received instead of the key's (FBGEMM's per-row counter). The default for keys whose declaration "
+       "(`init_lazy(..., adam_row_steps=)`) does not say."),
     # --- snapshots, journal, recovery
     _v("KVSTORE_LAZY_SNAPSHOT_DIR", "path", "", "server",
        "Where the server writes its snapshots (at shutdown, on LAZY_SNAPSHOT, every SNAPSHOT_INTERVAL) and "

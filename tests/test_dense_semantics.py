@@ -12,6 +12,7 @@ zero, counts from the pickle). Rows the server holds must stay few: the rows pus
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import zlib
 
@@ -42,10 +43,10 @@ def _rsp(values, rows):
 class Job:
     """One server, two workers, and the stock reference: mxnet's updater over a weight of every row."""
 
-    def __init__(self, make, lazy: bool, seed: int):
+    def __init__(self, make, lazy: bool, seed: int, lifecycle=None):
         self.make, self.lazy = make, lazy
         self.rng = np.random.RandomState(seed)
-        self.peer = Peer(KVServer(0, 1, 2))
+        self.peer = Peer(KVServer(0, 1, 2, lifecycle=lifecycle))
         self.w0, self.w1 = Requests(WORKER0), Requests(WORKER1)
         self.peer.ok(self.w0.command(proto.SYNC_MODE))
         self.set_optimizer()
@@ -123,6 +124,18 @@ def test_pulls_states_and_checkpoint_reads_equal_stock(case, lazy):
     job.check_all()
 
 
+@pytest.mark.parametrize("case", ["sgd-mom-wd", "signum-wd", "adam-wd"])
+def test_rows_on_the_disk_tier_are_brought_as_in_memory(case, tmp_path):
+    """A memory budget of a few rows and a disk tier: rows demoted, read where they are by pulls and checkpoint
+    reads (brought on the copy), promoted by pushes: still stock's values and states."""
+    from kvstore_lazy.server.policy import Settings
+    job = Job(CASES[case], True, 21, Settings(memory_budget=400, disk_dir=str(tmp_path / "disk")))
+    _drive(job, 30, new_optimizer_at=12)       # (the rows on disk finish the first optimizer's steps too)
+    stats = job.peer.server.stats()["sparse"][str(KEY)]
+    assert stats["disk_rows"] > 0 and stats["promoted"] > 0, stats
+    job.check_all()
+
+
 @pytest.mark.parametrize("case", ["sgd-mom-wd", "nag-mom-wd", "signum-wd", "rmsprop-centered-wd", "adam-wd",
                                   "sgd-wd-clip-rescale-factor"])
 def test_a_snapshot_restored_half_way_goes_on_as_stock(case):
@@ -150,3 +163,55 @@ def test_lazy_optimizers_count_rounds_without_rows_as_stock(case):
         job.round(empty=k % 3 == 0)
     job.check_all()
     assert job.peer.server.keys[KEY].history is None          # a lazy optimizer: no history, no tick column
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# beyond stock: Adam's bias correction per row (KVSTORE_LAZY_ADAM_ROW_STEPS / init_lazy(adam_row_steps=True))
+
+def _row_steps_job(monkeypatch, declared: bool | None, env: str | None):
+    if env is not None:
+        monkeypatch.setenv("KVSTORE_LAZY_ADAM_ROW_STEPS", env)
+    from kvstore_lazy.server.policy import Settings
+    from kvstore_lazy.worker import lazy_spec_body
+    make = lambda: mx.optimizer.Adam(learning_rate=0.01, wd=1e-3)   # noqa: E731 (lazy_update=True: stock's default)
+    peer = Peer(KVServer(0, 1, 1, lifecycle=Settings.from_env(dict(os.environ))))
+    w0 = Requests(WORKER0)
+    peer.ok(w0.command(proto.SYNC_MODE))
+    peer.ok(w0.command(proto.CONTROLLER, pickle.dumps(make(), 0)))
+    body = lazy_spec_body(KEY, (ROWS, DIM), "float32", mx.init.Uniform(0.07), 42, adam_row_steps=declared)
+    peer.ok(w0.command(proto.LAZY_DECLARE, body))
+    peer.ok(w0.rsp_push(KEY, [], np.zeros((0, DIM))))
+    return peer, w0, make
+
+
+@pytest.mark.parametrize("declared,env", [(True, None), (None, "on")], ids=["declared", "environment"])
+def test_adam_row_steps_corrects_each_row_by_its_own_updates(monkeypatch, declared, env):
+    """Each row's update is lazy Adam's with the row's own count as t: bit for bit what mxnet's lazy Adam computes
+    for a row that has an updater of its own (fed only that row's gradients)."""
+    peer, w0, make = _row_steps_job(monkeypatch, declared, env)
+    rng = np.random.RandomState(4)
+    start = initial(np.arange(ROWS), ROWS, DIM, key=KEY)
+    own = {r: (mx.optimizer.get_updater(make()), _rsp(start, np.arange(ROWS))) for r in range(ROWS)}
+    for k in range(12):
+        ids = np.sort(rng.choice(ROWS, size=3 + k % 4, replace=False))
+        g = rng.randn(len(ids), DIM).astype(np.float32)
+        peer.ok(w0.rsp_push(KEY, ids, g))
+        for i, r in enumerate(ids):
+            updater, weight = own[int(r)]
+            updater(KEY, _rsp(g[i:i + 1], [r]), weight)
+    got = peer.values(w0.rsp_pull(KEY, np.arange(ROWS))).reshape(ROWS, DIM)
+    expect = np.stack([own[r][1].asnumpy()[r] for r in range(ROWS)])
+    assert np.array_equal(got, expect)
+    assert peer.server.optimizer.update_count(KEY) == 12               # the key's count goes on (schedulers)
+    table = peer.server.snapshot()[1][KEY]                             # each row's count is kept (a column)
+    counts = [own[int(r)][0].optimizer._index_update_count[KEY] for r in table["row_ids"]]
+    assert table["arrays"]["col_steps"].tolist() == counts and len(set(counts)) > 2
+
+
+def test_adam_row_steps_off_is_stock_lazy_adam(monkeypatch):
+    peer, w0, make = _row_steps_job(monkeypatch, False, "on")      # the declaration wins over the environment
+    peer.ok(w0.rsp_push(KEY, [1, 2], np.ones((2, DIM), np.float32)))
+    assert "col_steps" not in peer.server.snapshot()[1][KEY]["arrays"]
+    with pytest.raises(ValueError, match="adam_row_steps must be true or false"):
+        from kvstore_lazy.server.declaration import LazySpec
+        LazySpec.from_json({"key": 1, "rows": 4, "row_shape": [2], "init": '["zero", {}]', "adam_row_steps": 1})

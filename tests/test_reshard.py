@@ -125,6 +125,52 @@ def test_another_declaration_is_refused_naming_both_values(jobs, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the same grow and shrink under dense semantics (SGD lazy_update=False: the stock server moves every row every step;
+# ours keeps the key's step history and each row's tick, which the snapshots and the re-cut carry)
+
+DENSE = ["--optimizer", "sgd-dense"]
+
+
+@pytest.fixture(scope="module")
+def dense_jobs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reshard-dense")
+    for name, steps in (("straight", N + M), ("first", N)):
+        out = base / name
+        env = {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap")}
+        assert run_job(out, 2, 0, steps, env, DENSE) == 0, (out / "job.log").read_text()[-4000:]
+    return base
+
+
+def assert_dense_history(loaded: snapshots.Loaded) -> None:
+    meta = loaded.tables[3]["meta"]
+    assert meta["history"]["eras"][0]["rule"] == "sgd_mom" and "col_tick" in loaded.tables[3]["arrays"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("form", ["online-3", "offline-1"])
+def test_grow_and_shrink_under_dense_semantics(dense_jobs, tmp_path, form):
+    src = dense_jobs / "first" / "snap"
+    before = tree(src)
+    out = tmp_path / form
+    if form == "online-3":
+        servers, env = 3, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(out / "snap"), "KVSTORE_LAZY_RESTORE_FROM": str(src)}
+    else:
+        dst = tmp_path / "one"
+        reshard.reshard(src, dst, 1, bound=10000, log=lambda line: None)
+        servers, env = 1, {"KVSTORE_LAZY_SNAPSHOT_DIR": str(dst)}
+    code = run_job(out, servers, N, N + M, env, DENSE)
+    assert code == 0, (out / "job.log").read_text()[-5000:]
+    want, got = final(dense_jobs / "straight"), final(out)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    straight = one_server(dense_jobs / "straight" / "snap", tmp_path)
+    moved = one_server(Path(env["KVSTORE_LAZY_SNAPSHOT_DIR"]), tmp_path)
+    assert_dense_history(straight)
+    assert_same_state(straight, moved)
+    assert moved.tables[3]["meta"]["history"] == straight.tables[3]["meta"]["history"]
+    assert tree(src) == before, "the source directory changed"
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # refusals (the source of the jobs above, copied and damaged)
 
 

@@ -334,6 +334,10 @@ def _row_table(source: Source, key: int, layout: Layout, lo: int, count: int, ra
             arrays[name] = np.concatenate([p[name] for p in pendings if p])[by]
         if layout.local:
             arrays["pending_ids"] = arrays["pending_ids"] - np.uint64(lo)
+    if any(m.get("history") != metas[0].get("history") for m in metas):
+        raise ReshardError(f"{source.directory}: key {key}'s step history (dense semantics: its optimizer's steps) "
+                           f"differs between the source ranks holding rows [{lo}, {lo + count}), so their rows "
+                           f"cannot share one server; restore onto the same number of servers")
     meta = {k: v for k, v in metas[0].items() if k not in _ENTRY_FIELDS}
     meta.update(local_rows=int(count), row_offset=0 if layout.local else int(lo), rank=rank)
     if "policy_state" in meta:

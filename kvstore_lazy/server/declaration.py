@@ -4,7 +4,8 @@ Owns: :class:`LazySpec` and its JSON form (``kvstore_lazy.worker.lazy_spec_body`
 it), and the bounds one declaration may ask for. A declaration allocates nothing, but every later pull of its key
 allocates rows of its row size, so a row size or a key outside these bounds is refused when it is declared.
 An optional ``"policy"`` object sets the key's row lifecycle (``policy.Policy``: admission, TTL); fields it
-leaves out take the server's defaults (the ``KVSTORE_LAZY_*`` environment) when the key is created.
+leaves out take the server's defaults (the ``KVSTORE_LAZY_*`` environment) when the key is created; so does an
+optional ``"adam_row_steps"`` (true/false: per-row Adam bias correction, ``KVSTORE_LAZY_ADAM_ROW_STEPS``).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class LazySpec:
     bound: int
     initializer: RowInitializer
     policy: dict = field(default_factory=dict)   # policy.Policy fields the declaration sets
+    adam_row_steps: bool | None = None           # per-row Adam bias correction (None: the server's default)
 
     def row_policy(self, defaults: Policy) -> Policy:
         """The key's lifecycle policy: the declared fields over the server's defaults."""
@@ -65,6 +67,8 @@ class LazySpec:
                 "dtype": self.dtype.name, "init": self.init, "seed": self.seed, "bound": self.bound}
         if self.policy:
             body["policy"] = dict(self.policy)
+        if self.adam_row_steps is not None:
+            body["adam_row_steps"] = self.adam_row_steps
         return body
 
     @classmethod
@@ -81,6 +85,9 @@ class LazySpec:
         dtype = body.get("dtype", "float32")
         if dtype not in LAZY_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(LAZY_DTYPES)}, got {dtype!r}")
+        row_steps = body.get("adam_row_steps")
+        if row_steps is not None and type(row_steps) is not bool:
+            raise ValueError(f"adam_row_steps must be true or false, got {row_steps!r}")
         init = body.get("init")
         if not isinstance(init, str):
             raise ValueError(f"init must be an Initializer.dumps() string, got {type(init).__name__}")
@@ -88,6 +95,7 @@ class LazySpec:
                    row_shape=tuple(row_shape), dtype=np.dtype(dtype), init=init,
                    seed=_whole(body, "seed", -(1 << 63), (1 << 64) - 1, default=0),
                    bound=_whole(body, "bound", 1, (1 << 63) - 1, default=DEFAULT_BOUND),
-                   initializer=parse_initializer(init), policy=Policy.check(body.get("policy", {})))
+                   initializer=parse_initializer(init), policy=Policy.check(body.get("policy", {})),
+                   adam_row_steps=row_steps)
         spec.initializer.rows(spec.seed, spec.key, np.zeros(1, np.uint64), spec.shape, spec.dtype)  # fails now if ever
         return spec

@@ -112,6 +112,8 @@ class Settings:
     disk_compact: float = 0.25          # KVSTORE_LAZY_DISK_COMPACT: garbage share that gets a sealed segment compacted
     disk_admit_window: int = 0          # KVSTORE_LAZY_DISK_ADMIT_WINDOW: a row on disk comes back into memory only if
                                         # pushed in its key's last W rounds (else it is updated where it is); 0: always
+    adam_row_steps: bool = False        # KVSTORE_LAZY_ADAM_ROW_STEPS: lazy Adam's bias correction per row (a key's
+                                        # declaration may say otherwise)
 
     def __post_init__(self) -> None:
         if self.low_watermark is None:
@@ -165,6 +167,7 @@ class Settings:
                                    ("disk_admit_window", "KVSTORE_LAZY_DISK_ADMIT_WINDOW", int)):
             if (env.get(name) or "").strip():
                 options[option] = config.integer(env, name, 0) if kind is int else config.number(env, name, 0.0)
+        options["adam_row_steps"] = config.boolean(env, "KVSTORE_LAZY_ADAM_ROW_STEPS")
         try:
             return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
         except ValueError as exc:
@@ -174,4 +177,4 @@ class Settings:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
                 "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
                 "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact,
-                "disk_admit_window": self.disk_admit_window}
+                "disk_admit_window": self.disk_admit_window, "adam_row_steps": self.adam_row_steps}

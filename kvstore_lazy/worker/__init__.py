@@ -94,8 +94,10 @@ def _initializer_dumps(init) -> str:
     return init.dumps()
 
 
-def lazy_spec_body(key: int, shape, dtype="float32", init=None, seed: int = 0, **policy) -> bytes:
-    """The LAZY_DECLARE body; `policy`: the row lifecycle fields (see :func:`init_lazy`) that are not None."""
+def lazy_spec_body(key: int, shape, dtype="float32", init=None, seed: int = 0, adam_row_steps: bool | None = None,
+                   **policy) -> bytes:
+    """The LAZY_DECLARE body; `policy`: the row lifecycle fields (see :func:`init_lazy`) that are not None;
+    `adam_row_steps` (None: the server's default) as :func:`init_lazy` says."""
     shape = tuple(int(d) for d in shape)
     if len(shape) < 2:
         raise ValueError(f"a lazy row_sparse key needs at least 2 dimensions, got shape {shape}")
@@ -105,6 +107,8 @@ def lazy_spec_body(key: int, shape, dtype="float32", init=None, seed: int = 0, *
     policy = {name: value for name, value in policy.items() if value is not None}
     if policy:
         body["policy"] = policy      # checked by the server (server.lifecycle.Policy.check)
+    if adam_row_steps is not None:
+        body["adam_row_steps"] = bool(adam_row_steps)
     return json.dumps(body).encode()
 
 
@@ -133,7 +137,7 @@ def declared(kv: "mx.kv.KVStore", key) -> dict:
 
 def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed: int = 0, *,
               admit_min_count: int | None = None, admit_prob: float | None = None, ttl_rounds: int | None = None,
-              ttl_seconds: float | None = None) -> int:
+              ttl_seconds: float | None = None, adam_row_steps: bool | None = None) -> int:
     """Declare `key` lazy and ``kv.init`` it with an empty row_sparse array: the init push carries no rows.
 
     Rows then come into existence on the servers the first time a worker pulls or pushes them, with values
@@ -143,10 +147,13 @@ def init_lazy(kv: "mx.kv.KVStore", key, shape, dtype="float32", init=None, seed:
     ``admit_min_count`` N stores a row only once its id was pushed in N rounds (dist_sync) / N pushes (dist_async);
     ``admit_prob`` p admits an id at such a round with a probability p decided by a hash of (seed, key, row id,
     count); ``ttl_rounds`` / ``ttl_seconds`` remove a row not pushed for that long.
+
+    ``adam_row_steps`` (beyond stock; None: the server's ``KVSTORE_LAZY_ADAM_ROW_STEPS``): under lazy Adam, each
+    row's bias correction counts the updates that row received instead of the key's (FBGEMM's per-row counter).
     """
     track(kv)
     kid = declare(kv, key, shape, dtype, init, seed, admit_min_count=admit_min_count, admit_prob=admit_prob,
-                  ttl_rounds=ttl_rounds, ttl_seconds=ttl_seconds)
+                  ttl_rounds=ttl_rounds, ttl_seconds=ttl_seconds, adam_row_steps=adam_row_steps)
     kv.init(key, mx.nd.sparse.zeros("row_sparse", tuple(shape), dtype=dtype))
     return kid
 

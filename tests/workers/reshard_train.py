@@ -5,7 +5,7 @@ The same start-up code in every job (set_optimizer, init_lazy, kv.init of the de
 values it pulled, so a job restored from another's snapshots ends bit for bit where one run straight through ends
 only if every value, optimizer state and update count carried over. Keys: a lazy row_sparse key split by rows over
 the servers (3), a small dense key on one server (4), a big dense key split by elements (5); SGD with momentum and
-wd on the servers. At the end rank 0 pulls every row any worker used and the dense keys into <out>/final.npz.
+wd on the servers (``--optimizer sgd-dense``: lazy_update=False, every row moves every step). At the end rank 0 pulls every row any worker used and the dense keys into <out>/final.npz.
 """
 import argparse
 import os
@@ -21,6 +21,8 @@ p.add_argument("--rows", type=int, default=20000)
 p.add_argument("--dim", type=int, default=8)
 p.add_argument("--batch", type=int, default=64)
 p.add_argument("--seed", type=int, default=7)
+p.add_argument("--optimizer", default="sgd", choices=["sgd", "sgd-dense"],
+               help="sgd-dense: lazy_update=False, which the stock server runs on every row of the row_sparse key")
 args = p.parse_args()
 
 SPARSE_KEY, DENSE_KEY, BIG_KEY = 3, 4, 5
@@ -28,7 +30,8 @@ SMALL, BIG = 256, 12000         # with MXNET_KVSTORE_BIGARRAY_BOUND=10000: key 5
 kv = mx.kv.create("dist_sync")
 rank, nw = kv.rank, kv.num_workers
 os.makedirs(args.out, exist_ok=True)
-kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=1e-4, rescale_grad=0.5))
+kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=1e-4 if args.optimizer == "sgd" else 1e-2,
+                                  rescale_grad=0.5, lazy_update=args.optimizer == "sgd"))
 shape = (args.rows, args.dim)
 
 from kvstore_lazy.worker import init_lazy  # noqa: E402

@@ -44,7 +44,7 @@ Everything other code uses is importable from here; the modules are the package'
 """
 from __future__ import annotations
 
-from kvstore_lazy.numerics.optimizers.adam import Adam
+from kvstore_lazy.numerics.optimizers.adam import Adam, adam_row_steps_update
 from kvstore_lazy.numerics.optimizers.adaptive import AdaGrad, Ftrl, RMSProp
 from kvstore_lazy.numerics.optimizers.base import Optimizer
 # the store's kernels module, as before the split: tests swap kernels.accepts to send SGD / Adam down the numpy paths
@@ -61,5 +61,5 @@ from kvstore_lazy.numerics.optimizers.sgd import NAG, SGD, Signum, Test
 
 __all__ = ['load_optimizer', 'validate', 'check_runs', 'Optimizer', 'UnsafePickleError', 'UnsupportedOptimizerError',
            'UnusableOptimizerError',
-           'SGD', 'NAG', 'Signum', 'Adam', 'AdaGrad', 'Ftrl', 'RMSProp', 'Test',
+           'SGD', 'NAG', 'Signum', 'Adam', 'adam_row_steps_update', 'AdaGrad', 'Ftrl', 'RMSProp', 'Test',
            'FactorScheduler', 'MultiFactorScheduler', 'PolyScheduler', 'CosineScheduler']

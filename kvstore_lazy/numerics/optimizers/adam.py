@@ -82,3 +82,27 @@ class Adam(Optimizer):
             var[...] = beta2 * var + ((_ONE - beta2) * g) * g
         weight[...] = weight - (lr * mean) / (np.sqrt(var) + eps)
 
+
+
+def adam_row_steps_update(opt: Adam, key: int, weight: np.ndarray, grad: np.ndarray, states: list[np.ndarray],
+                          steps: np.ndarray) -> None:
+    """Beyond stock (``KVSTORE_LAZY_ADAM_ROW_STEPS``): one counted lazy-Adam update of the gathered rows `weight` /
+    `states` (float32, 2-D, in place) whose bias correction uses each row's own count of updates, ``steps + 1``
+    (FBGEMM's per-row counter), instead of the key's. The float32 operations are the lazy kernel's
+    (AdamDnsRspDnsKernel), with ``lr_t`` a column of per-row values: a row's update is what stock's lazy Adam would
+    compute with the key's count at that row's; the key's count still advances (schedulers)."""
+    _, wd, beta1, beta2, eps, rescale, clip = opt._scalars(key)
+    lr = opt._get_lr(key)
+    t, at = np.unique(np.asarray(steps, dtype=np.int64) + 1, return_inverse=True)
+    lr_t = np.array([_op_f32(lr * (math.sqrt(1. - opt.beta2 ** int(n)) / (1. - opt.beta1 ** int(n)))) for n in t],
+                    dtype=np.float32)[at.reshape(-1)]   # each as _scalars makes the key's (a few distinct counts)
+    mean, var = states
+    g = grad * rescale + weight * wd
+    if clip >= 0:
+        g = _clip(g, clip)
+    mean[...] = beta1 * mean + (_ONE - beta1) * g
+    if clip >= 0:   # as AdamDnsRspDnsKernel<cpu>: the clipped gradient squared first
+        var[...] = beta2 * var + (_ONE - beta2) * (g * g)
+    else:
+        var[...] = beta2 * var + ((_ONE - beta2) * g) * g
+    weight[...] = weight - (lr_t[:, None] * mean) / (np.sqrt(var) + eps)

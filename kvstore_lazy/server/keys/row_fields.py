@@ -27,7 +27,7 @@ class RowKeyFields:
 
     def __init__(self, key: int, dtype: np.dtype, row_size: int, storage_dtype: np.dtype, num_states: int,
                  local_rows: int, row_offset: int = 0, spec: LazySpec | None = None,
-                 policy: RowPolicy | None = None, track_changes: bool = False) -> None:
+                 policy: RowPolicy | None = None, track_changes: bool = False, row_steps: bool = False) -> None:
         self.key = key
         self.dtype = dtype                  # the key's dtype (what the wire carries)
         self.row_size = row_size            # elements per row ("unit_len")
@@ -37,6 +37,7 @@ class RowKeyFields:
         self.policy = policy
         self._track = track_changes         # tables record changes for incremental snapshots
         self.history: History | None = None  # dense semantics: the key's steps (row_catchup), with a tick column
+        self.row_steps = row_steps          # per-row Adam bias correction: each row's updates, a steps column
         self._table = self._new_table(storage_dtype, num_states)   # float32 under multi-precision
         self._rebuilt = True                # the next incremental snapshot must hold the whole key
         self.round = SyncRound()
@@ -47,6 +48,8 @@ class RowKeyFields:
         columns = dict(self.policy.columns) if self.policy is not None else None
         if self.history is not None:
             columns = dict(columns or {}, tick=np.int64)
+        if self.row_steps:
+            columns = dict(columns or {}, steps=np.uint32)
         if rows is None:
             return RowTable(self.row_size, dtype, num_states=num_states, columns=columns, track_changes=self._track)
         return RowTable.load(rows, dtype=dtype, columns=columns, track_changes=self._track, buckets=buckets)

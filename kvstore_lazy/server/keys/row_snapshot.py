@@ -56,6 +56,8 @@ class RowKeySnapshots(RowKeyCatchUp):
             meta["policy_state"] = self.policy.state()
         if self.history is not None:
             meta["history"] = self.history.to_json()
+        if self.row_steps:
+            meta["adam_row_steps"] = True
         if pending is not None:
             arrays.update(pending_ids=pending["row_ids"], pending_count=pending["weights"].reshape(-1),
                           pending_last=pending["columns"]["last"])
@@ -112,7 +114,8 @@ class RowKeySnapshots(RowKeyCatchUp):
                 policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), key, spec.seed)
         entry = cls(key, np.dtype(info["dtype"]), int(info["row_size"]), table["weights"].dtype,
                     len(table["states"]), int(info["local_rows"]), int(info["row_offset"]), spec, policy,
-                    lifecycle.settings.track_changes if lifecycle is not None else False)
+                    lifecycle.settings.track_changes if lifecycle is not None else False,
+                    bool(info.get("adam_row_steps")))
         if info.get("history") is not None:
             entry.history = History.from_json(info["history"])
         rows = {"row_ids": table["row_ids"], "weights": table["weights"], "states": table["states"],

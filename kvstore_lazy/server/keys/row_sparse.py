@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore_lazy.numerics.optimizers import Optimizer
+from kvstore_lazy.numerics.optimizers import Adam, Optimizer, adam_row_steps_update
 from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.protocol.kv import BadRequest, DataRequest
 from kvstore_lazy.server.declaration import LazySpec
@@ -64,8 +64,11 @@ class RowSparseKey(RowKeySnapshots):
             track = lifecycle.settings.track_changes
             if spec is not None:
                 policy = lifecycle.policy_for(spec.row_policy(lifecycle.settings.defaults), request.key, spec.seed)
+        row_steps = lifecycle is not None and lifecycle.settings.adam_row_steps
+        if spec is not None and spec.adam_row_steps is not None:
+            row_steps = spec.adam_row_steps
         entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
-                    policy, track)
+                    policy, track, row_steps)
         entry.rank = rank
         entry.use_optimizer(optimizer)
         if lifecycle is not None:
@@ -117,7 +120,7 @@ class RowSparseKey(RowKeySnapshots):
             self._apply_dense(local_ids, values, optimizer)
             return
         row_ids = self.row_ids_of(local_ids)
-        admit = self._disk_admit()
+        admit = None if self.row_steps else self._disk_admit()   # (rows with their own steps: updated in memory)
         if admit is None:
             self._promote(row_ids)   # rows on disk have a row: admission must see them
         else:                        # rows on disk the memory tier does not admit are updated where they are
@@ -148,6 +151,9 @@ class RowSparseKey(RowKeySnapshots):
         if optimizer is None:
             self._table.set_weights(slots, values)
             return
+        if self.row_steps and isinstance(optimizer, Adam):
+            self._update_row_steps(slots, values, optimizer)
+            return
         tables = self._table.arrays()
         if optimizer.update_rows(self.key, tables[0], tables[1:], slots, values):
             self._table.mark_changed(slots)
@@ -157,6 +163,17 @@ class RowSparseKey(RowKeySnapshots):
         optimizer.update(self.key, weights, values, states, row_sparse=True)
         self._table.set_weights(slots, weights)
         self._table.set_states(slots, states)
+
+    def _update_row_steps(self, slots: np.ndarray, values: np.ndarray, optimizer: Adam) -> None:
+        """Lazy Adam with each row's own count of updates in its bias correction (``adam_row_steps_update``)."""
+        steps = self._table.column("steps")
+        weights = self._table.weights(slots).astype(np.float32)
+        states = [s.astype(np.float32) for s in self._table.states(slots)]
+        adam_row_steps_update(optimizer, self.key, weights, values.astype(np.float32, copy=False), states,
+                              steps[slots])
+        self._table.set_weights(slots, weights.astype(self._table.dtype, copy=False))
+        self._table.set_states(slots, [s.astype(self._table.dtype, copy=False) for s in states])
+        steps[slots] += np.uint32(1)
 
     def pull(self, request: DataRequest, store: bool, known_absent: bool = False) -> bytes:
         """The rows a pull asks for, in the wire dtype; with `store` (or for a key that is not lazy) absent rows are
