@@ -5,7 +5,8 @@ The same start-up code in every job (set_optimizer, init_lazy, kv.init of the de
 values it pulled, so a job restored from another's snapshots ends bit for bit where one run straight through ends
 only if every value, optimizer state and update count carried over. Keys: a lazy row_sparse key split by rows over
 the servers (3), a small dense key on one server (4), a big dense key split by elements (5); SGD with momentum and
-wd on the servers (``--optimizer sgd-dense``: lazy_update=False, every row moves every step). At the end rank 0 pulls every row any worker used and the dense keys into <out>/final.npz.
+wd on the servers (``--optimizer sgd-dense``: lazy_update=False, every row moves every step). At the end rank 0
+pulls every row any worker used and the dense keys into <out>/final.npz.
 """
 import argparse
 import os
