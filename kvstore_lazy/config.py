@@ -99,6 +99,11 @@ VARIABLES: tuple[Variable, ...] = (
        "Garbage share of the disk tier past which its emptiest sealed segments are compacted."),
     _v("KVSTORE_LAZY_DISK_ADMIT_WINDOW", "int", "0", "server",
        "Rounds: a row on disk comes back into memory only if pushed in its key's last W rounds (0: always)."),
+    _v("KVSTORE_LAZY_CATCHUP", "choice", "exact", "server",
+       "How a row of a key under an optimizer stock runs densely (lazy_update=False, NAG, Signum, RMSProp) is "
+       "brought over the steps it missed: `exact` replays them in float32, bit-identical to stock; `closed` uses "
+       "closed forms for the linear rules (SGD, SGD momentum, NAG, signSGD: a few matrix products however many "
+       "steps, within the tolerance the docs state); the others are always replayed.", ("exact", "closed")),
     _v("KVSTORE_LAZY_ADAM_ROW_STEPS", "bool", "0", "server",
        "Beyond stock: under lazy Adam (lazy_update=True), each row's bias correction counts the updates that row "
        "received instead of the key's (FBGEMM's per-row counter). The default for keys whose declaration "

@@ -269,3 +269,43 @@ def test_closed_form_within_its_stated_tolerance(case):
     assert (np.abs(weight - exact[0]).max(1) <= bound * np.abs(exact[0]).max(1) + tiny).all()
     for ours, theirs in zip(states, exact[1]):
         assert (np.abs(ours - theirs).max(1) <= bound * np.abs(theirs).max(1) + tiny).all()
+
+
+ZERO_ROWS = {   # (case, what zero_rows must answer for it): without weight decay rows with zero states stay
+    'sgd-mom-nowd': 1, 'adam-nowd': 0, 'rmsprop': 0,
+    'nag-nowd': 1, 'signum-nowd': 1, 'rmsprop-centered-nowd': 1, 'adam-nowd-clip': 0,
+    'sgd-mom-wd': -1, 'nag-mom-wd': -1, 'signum-wd': -1, 'rmsprop-wd-clipw-clipg': -1, 'adam-wd': -1,
+    'signum-wdlh': -1, 'rmsprop-clip-weights': -1,
+}
+MORE = {
+    'nag-nowd': lambda: OPT.NAG(learning_rate=0.1, momentum=0.9),
+    'signum-nowd': lambda: OPT.Signum(learning_rate=0.01, momentum=0.9),
+    'rmsprop-centered-nowd': lambda: OPT.RMSProp(centered=True, learning_rate=0.01),
+    'adam-nowd-clip': lambda: OPT.Adam(learning_rate=0.01, lazy_update=False, clip_gradient=0.5, rescale_grad=0.5),
+    'signum-wdlh': lambda: OPT.Signum(learning_rate=0.01, momentum=0.9, wd_lh=0.05),
+    'rmsprop-clip-weights': lambda: OPT.RMSProp(learning_rate=0.01, clip_weights=0.5),
+}
+
+
+@pytest.mark.parametrize('case', sorted(ZERO_ROWS))
+def test_zero_rows_says_what_a_step_does_to_rows_with_zero_states(case):
+    """ZeroRule.zero_rows (what lets History.initial skip steps) against the rule's own step: signed zeros,
+    subnormals, large values, with zero states."""
+    opt = load_optimizer(pickle.dumps({**CASES, **MORE}[case](), 0))
+    rule = rule_for(opt)
+    opt._update_count(KEY)
+    sc = rule.scalars(opt, KEY)
+    assert rule.zero_rows(sc) == ZERO_ROWS[case]
+    w0 = np.array([[0.0, -0.0, 1e-45, -1e-45, 1.0, -3.5, 1e30, -1e-38]], np.float32)
+    w, states = w0.copy(), [np.zeros_like(w0) for _ in opt.init_states(w0)]
+    with np.errstate(all='ignore'):      # (1e30 squared, with weight decay)
+        rule.step(sc, w, states, [np.empty_like(w0) for _ in range(rule.scratch)])
+    if ZERO_ROWS[case] >= 0:
+        expect = w0.copy()
+        if ZERO_ROWS[case] == 1:
+            expect[expect == 0] = 0
+        assert w.view(np.uint32).tolist() == expect.view(np.uint32).tolist()
+        assert all(not s.view(np.uint32).any() for s in states)
+    else:
+        assert w.view(np.uint32).tolist() != w0.view(np.uint32).tolist() or \
+            any(s.view(np.uint32).any() for s in states)

@@ -114,6 +114,7 @@ class Settings:
                                         # pushed in its key's last W rounds (else it is updated where it is); 0: always
     adam_row_steps: bool = False        # KVSTORE_LAZY_ADAM_ROW_STEPS: lazy Adam's bias correction per row (a key's
                                         # declaration may say otherwise)
+    catchup: str = "exact"              # KVSTORE_LAZY_CATCHUP: exact (replayed) or closed (closed forms, linear rules)
 
     def __post_init__(self) -> None:
         if self.low_watermark is None:
@@ -126,6 +127,8 @@ class Settings:
         _whole("disk_segment_rows", self.disk_segment_rows, 1, 1 << 30)
         _real("disk_compact", self.disk_compact, 0.0, 1.0, lo_open=True)
         _whole("disk_admit_window", self.disk_admit_window, 0, MAX_ROUNDS)
+        if self.catchup not in ("exact", "closed"):
+            raise ValueError(f"catchup must be exact or closed, got {self.catchup!r}")
         if self.disk_segment_rows & (self.disk_segment_rows - 1):
             raise ValueError(f"disk_segment_rows must be a power of two, got {self.disk_segment_rows}")
 
@@ -168,6 +171,7 @@ class Settings:
             if (env.get(name) or "").strip():
                 options[option] = config.integer(env, name, 0) if kind is int else config.number(env, name, 0.0)
         options["adam_row_steps"] = config.boolean(env, "KVSTORE_LAZY_ADAM_ROW_STEPS")
+        options["catchup"] = config.choice(env, "KVSTORE_LAZY_CATCHUP")
         try:
             return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
         except ValueError as exc:
@@ -177,4 +181,5 @@ class Settings:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
                 "low_watermark": self.low_watermark, "admit_cap": self.admit_cap, "disk_dir": self.disk_dir,
                 "disk_segment_rows": self.disk_segment_rows, "disk_compact": self.disk_compact,
-                "disk_admit_window": self.disk_admit_window, "adam_row_steps": self.adam_row_steps}
+                "disk_admit_window": self.disk_admit_window, "adam_row_steps": self.adam_row_steps,
+                "catchup": self.catchup}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore_lazy.numerics.catchup.base import ZeroRule, kernel_lr_wd, rescale_clip, zero_term
+from kvstore_lazy.numerics.catchup.base import ZeroRule, kernel_lr_wd, negative_zero, rescale_clip, zero_term
 from kvstore_lazy.numerics.optimizers import Adam, Optimizer, RMSProp
 from kvstore_lazy.numerics.optimizers.floats import _NO_CLIP, _ONE, _clip, _f32, _op_f32
 
@@ -36,6 +36,10 @@ class RMSPropZero(ZeroRule):
         clip_weights = _op_f32(opt.clip_weights) if opt.clip_weights else _NO_CLIP
         return np.array([lr, wd, zero_term(_ONE, rescale, _NO_CLIP), clip, _ONE - gamma1, gamma1,
                          _op_f32(opt.epsilon), clip_weights], dtype=_f32)
+
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # g = 0*w + (+0) = +0, n stays +0, w - lr*(0 / sqrt(eps)) = w (eps > 0, no weight clip)
+        return 0 if _zero_grad(sc) and sc[6] > 0 and sc[7] < 0 else -1
 
     @staticmethod
     def grad(sc: np.ndarray, weight: np.ndarray, g: np.ndarray) -> None:
@@ -70,6 +74,10 @@ class RMSPropCentered(ZeroRule):
         assert isinstance(opt, RMSProp)
         return np.append(RMSPropZero().scalars(opt, key), _op_f32(opt.gamma2)).astype(_f32)
 
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # n, g_avg and delta stay +0; w + (+0) turns -0 into +0
+        return 1 if _zero_grad(sc) and sc[6] > 0 and sc[7] < 0 and sc[8] >= 0 else -1
+
     def step(self, sc: np.ndarray, weight: np.ndarray, states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
         lr, one_m, gamma1, eps, clip_weights, gamma2 = sc[0], sc[4], sc[5], sc[6], sc[7], sc[8]
         (n, g_avg, delta), (g, t) = states, tmp
@@ -103,6 +111,10 @@ class AdamStd(ZeroRule):
         lr_t, wd, beta1, beta2, eps, _, clip = _adam_scalars(opt, key)
         return np.array([lr_t, wd, clip, beta1, _ONE - beta1, beta2, _ONE - beta2, eps], dtype=_f32)
 
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # g = w*0 = +-0: mean and var stay +0, w - (lr*0) / (0 + eps) = w (eps > 0)
+        return 0 if sc[1] == 0 and sc[0] >= 0 and min(sc[3:7]) >= 0 and sc[7] > 0 else -1
+
     def step(self, sc: np.ndarray, weight: np.ndarray, states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
         lr, wd, clip, beta1, one_b1, beta2, one_b2, eps = sc
         (mean, var), (g, t) = states, tmp
@@ -111,6 +123,12 @@ class AdamStd(ZeroRule):
             np.clip(g, -clip, clip, out=g)
         _moments(g, t, mean, var, beta1, one_b1, beta2, one_b2)
         _adam_weight(weight, mean, var, lr, eps, g, t)
+
+
+def _zero_grad(sc: np.ndarray) -> bool:
+    """RMSProp's scalars give a row with zero states g = +0 and keep n (and g_avg) +0: no wd, the gradient term
+    +0, lr, 1-gamma1 and gamma1 not negative."""
+    return bool(sc[1] == 0 and not negative_zero(sc[2]) and sc[0] >= 0 and sc[4] >= 0 and sc[5] >= 0)
 
 
 def _adam_scalars(opt: Adam, key: int) -> tuple:

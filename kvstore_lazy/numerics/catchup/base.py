@@ -64,3 +64,11 @@ class ZeroRule:
     def identity(self, sc: np.ndarray) -> bool:
         """Whether the step with these scalars changes no row whatever its values (no step to apply)."""
         return False
+
+    def zero_rows(self, sc: np.ndarray) -> int:
+        """What the step with these scalars does to rows whose states are all +0.0, whatever their weights: 0
+        nothing, bit for bit; 1 only weights of -0.0 become +0.0 (states stay +0.0); -1 more, or not known (the
+        step must be applied). Rows never stored start so, and without weight decay most rules leave them so: a
+        row at its initial value then needs no step at all (``History.initial``). tests/test_catchup.py checks
+        every rule's answer against its step on signed zeros, subnormals and large values."""
+        return 0 if self.identity(sc) else -1

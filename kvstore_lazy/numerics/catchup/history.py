@@ -10,6 +10,9 @@ row's position in the history is one integer (the server keeps it per row, in th
 * tick 0: the row holds its initial value with zero states (never updated, or given at init / by a checkpoint);
 * tick t > 0: the row holds its values after the step with tick t (or, for an era's first tick, its origin).
 
+A row at its initial values (tick 0, zero states) crosses an era whose every step leaves zero-state rows alone
+(``ZeroRule.zero_rows``: most rules without weight decay) at no cost; otherwise every missed step is replayed.
+
 :meth:`History.bring` applies the missing steps to rows in place (``replay.catch_up``, bit-identical to stock's
 float32 iteration), era by era; a row entering an era that reset the states gets zero states first. The server
 brings every stored row to the end of an era before it resets its states (``RowKeyCatchUp.reset_states``), so a
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstore_lazy.numerics.catchup.base import ZeroRule
+from kvstore_lazy.numerics.catchup.closed import LINEAR, closed_catch_up
 from kvstore_lazy.numerics.catchup.registry import rule_named
 from kvstore_lazy.numerics.catchup.replay import catch_up
 from kvstore_lazy.numerics.catchup.steplog import StepLog
@@ -43,6 +47,7 @@ class Era:
     tick0: int
     origin: int | None = None
     log: StepLog | None = field(default=None)
+    _zero: tuple[int, int] = (-1, 0)      # (last step looked at, zero_rows of the steps up to it)
 
     def __post_init__(self) -> None:
         if self.log is None and self.rule is not None:
@@ -59,12 +64,40 @@ class Era:
         """The tick of the era's last step (its origin's while it has none)."""
         return self.tick0 + self.steps
 
+    def zero_rows(self) -> int:
+        """What the era's steps do to rows with zero states (``ZeroRule.zero_rows`` over every run: 0, 1, or -1
+        once any run says -1), remembered up to the last step looked at, so each run is asked once."""
+        if self.rule is None or not self.steps:
+            return 0
+        assert self.log is not None and self.origin is not None
+        seen, status = self._zero
+        if status >= 0 and seen < self.log.last:
+            for _, _, sc in self.log.spans(max(seen, self.origin), self.log.last):
+                answer = self.rule.zero_rows(sc)
+                status = max(status, answer) if answer >= 0 else -1
+                if status < 0:
+                    break
+            self._zero = (self.log.last, status)
+        return status
+
 
 class History:
     """A key's eras (see the module docstring). ``tick``: the tick of the key's current state."""
 
     def __init__(self, rule: ZeroRule | None, num_states: int) -> None:
         self.eras: list[Era] = [Era(rule, num_states, True, 0)]
+        self.closed = False      # closed forms for the linear rules (KVSTORE_LAZY_CATCHUP=closed): a setting, not
+                                 # part of the history's state
+
+    def _catch_up(self, era: Era, weight: np.ndarray, states: list[np.ndarray], last: np.ndarray) -> None:
+        assert era.rule is not None and era.log is not None and era.origin is not None
+        if self.closed and isinstance(era.rule, LINEAR):
+            try:
+                closed_catch_up(era.rule, era.log, weight, states, last, era.origin + era.steps)
+                return
+            except ValueError:           # (a negative zero gradient term, a negative lr: replayed, changed nothing)
+                pass
+        catch_up(era.rule, era.log, weight, states, last, era.origin + era.steps)
 
     @property
     def tick(self) -> int:
@@ -113,36 +146,41 @@ class History:
 
     def bring(self, weight: np.ndarray, states: list[np.ndarray], ticks: np.ndarray) -> None:
         """Rows `weight` (2-D) and `states` (the current era's, same shape), at `ticks`, to the current tick, in
-        place. The caller then sets their ticks to :attr:`tick`."""
+        place. The caller then sets their ticks to :attr:`tick`. Rows at tick 0 whose states are all +0.0 (their
+        initial values: never updated) take :meth:`initial`, the others :meth:`_bring`."""
         ticks = np.asarray(ticks, dtype=np.int64)
-        fresh = np.flatnonzero(ticks == 0)
-        if len(fresh) and len(self.eras) > 1 and any(e.reset for e in self.eras[1:]):
-            w, s = weight[fresh], [st[fresh] for st in states]
-            self.initial(w, s)
-            weight[fresh] = w
+        fresh = ticks == 0
+        for st in states:
+            fresh &= ~st.view(np.uint32).any(axis=1)
+        for part, initial in ((np.flatnonzero(fresh), True), (np.flatnonzero(~fresh & (ticks != self.tick)), False)):
+            if not len(part):
+                continue
+            w, s = weight[part], [st[part] for st in states]
+            if initial:
+                self.initial(w, s)
+            else:
+                self._bring(w, s, ticks[part])
+            weight[part] = w
             for st, x in zip(states, s):
-                st[fresh] = x
-            rest = np.flatnonzero(ticks != 0)
-            if len(rest):
-                w, s = weight[rest], [st[rest] for st in states]
-                self._bring(w, s, ticks[rest])
-                weight[rest] = w
-                for st, x in zip(states, s):
-                    st[rest] = x
-            return
-        self._bring(weight, states, ticks)
+                st[part] = x
 
     def initial(self, weight: np.ndarray, states: list[np.ndarray]) -> None:
         """Rows at their initial values (tick 0, zero states) to the current tick: through every era, with zero
         states of each era's shape at each reset. `states` (the current era's) receive the final states."""
         carried: list[np.ndarray] = []
+        zero = True                          # the carried states are all +0.0
         for i, era in enumerate(self.eras):
             if i == 0 or era.reset:
-                carried = [np.zeros_like(weight) for _ in range(era.num_states)]
-            if era.rule is not None and era.steps:
-                assert era.log is not None and era.origin is not None
-                last = np.full(len(weight), era.origin, np.int64)
-                catch_up(era.rule, era.log, weight, carried, last, era.origin + era.steps)
+                carried, zero = [np.zeros_like(weight) for _ in range(era.num_states)], True
+            if era.rule is None or not era.steps:
+                continue
+            status = era.zero_rows() if zero else -1
+            if status == 1:                  # rows with zero states: only -0.0 weights become +0.0
+                weight[weight == 0] = 0
+            elif status < 0:
+                assert era.origin is not None
+                self._catch_up(era, weight, carried, np.full(len(weight), era.origin, np.int64))
+                zero = False
         for st, x in zip(states, carried):
             st[...] = x
 
@@ -159,9 +197,8 @@ class History:
                     st[entering] = 0
             if era.rule is None or not era.steps or not need.any():
                 continue
-            assert era.log is not None and era.origin is not None
-            last = era.origin + np.maximum(ticks - era.tick0, 0)
-            catch_up(era.rule, era.log, weight, states, last, era.origin + era.steps)
+            assert era.origin is not None
+            self._catch_up(era, weight, states, era.origin + np.maximum(ticks - era.tick0, 0))
 
     # -- snapshots
 

@@ -10,7 +10,8 @@ How: the rows are ordered by last step. Step k applies to the rows whose last st
 order, so one numpy call per operation covers all of them; runs of identical scalars are applied without looking
 them up again. Cost: (largest gap) x (operations of one step) numpy calls, plus (sum of the rows' gaps) x (elements
 of a row) float operations: exactly the work stock spent on those rows, no more (a row never missed a step costs
-nothing). Steps whose scalars change nothing (SGD with wd 0, signSGD with wd 0) are skipped.
+nothing). Steps whose scalars change nothing (SGD with wd 0, signSGD with wd 0) are skipped, and rows that reach a
+fixed point leave the run (:func:`_steps`): without weight decay a catch-up costs a bounded number of steps.
 """
 from __future__ import annotations
 
@@ -64,14 +65,45 @@ def _rows2d(a: np.ndarray) -> np.ndarray:
 
 def _apply_run(rule: ZeroRule, sc: np.ndarray, first: int, end: int, sorted_last: np.ndarray, w: np.ndarray,
                states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
-    """Steps ``first .. end`` (one run of scalars) on the rows behind them: step k covers the rows with last < k."""
-    k = first
+    """Steps ``first .. end`` (one run of scalars) on the rows behind them: step k covers the rows with last < k
+    (a prefix of the order), less the leading rows found at a fixed point (:func:`_unchanged`)."""
+    k, start = first, 0
     while k <= end:
         n = int(np.searchsorted(sorted_last, k, side='left'))       # rows with last < k
-        # the same prefix until the next row's last step is passed
+        # the same rows until the next row's last step is passed
         nxt = int(sorted_last[n]) + 1 if n < len(sorted_last) else end + 1
         stop = min(end, nxt - 1)
-        wv, sv, tv = w[:n], [x[:n] for x in states], [x[:n] for x in tmp]
-        for _ in range(stop - k + 1):
-            rule.step(sc, wv, sv, tv)
+        start = _steps(rule, sc, stop - k + 1, start, n, w, states, tmp)
         k = stop + 1
+
+
+def _steps(rule: ZeroRule, sc: np.ndarray, count: int, start: int, n: int, w: np.ndarray, states: list[np.ndarray],
+           tmp: list[np.ndarray]) -> int:
+    """`count` steps of one run on rows ``start:n``; returns the new start. A row that a step with these scalars
+    leaves bit for bit as it was (weights and states) is at a fixed point: every later step of the run leaves it so
+    too (a step is a function of the row and the scalars alone), so the leading rows found there are dropped, and
+    when all are, the steps end. Checked after steps 1, 2, 4, 8, ... of each call: rows at their initial values with
+    zero states and no weight decay are fixed at once; momentum and moving averages once they decay to zero (a few
+    hundred to a few thousand float32 steps). So without weight decay a row's catch-up costs a bounded number of
+    steps however long it waited; with it, one step per missed step (rows decay toward zero)."""
+    check, done = 1, 0
+    while done < count and start < n:
+        wv, sv, tv = w[start:n], [x[start:n] for x in states], [x[start:n] for x in tmp]
+        if done + 1 == check:
+            before = [wv.copy()] + [x.copy() for x in sv]
+            rule.step(sc, wv, sv, tv)
+            start += _unchanged(before, [wv] + sv)
+            check *= 2
+        else:
+            rule.step(sc, wv, sv, tv)
+        done += 1
+    return start
+
+
+def _unchanged(before: list[np.ndarray], after: list[np.ndarray]) -> int:
+    """How many leading rows are bit for bit the same in `before` and `after` (2-D float32 arrays, row-aligned)."""
+    same = np.ones(len(after[0]), bool)
+    for a, b in zip(before, after):
+        same &= (a.view(np.uint32) == b.view(np.uint32)).all(axis=1)
+    changed = np.flatnonzero(~same)
+    return int(changed[0]) if len(changed) else len(same)

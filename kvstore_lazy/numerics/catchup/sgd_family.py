@@ -59,6 +59,10 @@ class SGDMomentum(ZeroRule):
         rescale, clip = rescale_clip(opt)
         return np.array([_momentum(opt), lr * wd, zero_term(lr, rescale, clip)], dtype=_f32)
 
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # mom = m*0 - 0*w - (+0) = +0 (m >= 0); w + (+0) turns -0 into +0
+        return 1 if sc[1] == 0 and not negative_zero(sc[2]) and sc[0] >= 0 else -1
+
     def step(self, sc: np.ndarray, weight: np.ndarray, states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
         mom, t = states[0], tmp[0]
         np.multiply(weight, sc[1], out=t)
@@ -78,6 +82,10 @@ class NAGMomentum(ZeroRule):
         rescale, clip = rescale_clip(opt)
         momentum = _momentum(opt)
         return np.array([momentum, momentum + _ONE, lr, wd, zero_term(_ONE, rescale, clip)], dtype=_f32)
+
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # lr*(+0 + 0*w) = +0, so mom and u stay +0; (w - 0) + 0 turns -0 into +0
+        return 1 if sc[3] == 0 and not negative_zero(sc[4]) and sc[2] >= 0 and sc[0] >= 0 else -1
 
     def step(self, sc: np.ndarray, weight: np.ndarray, states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
         momentum, momentum1, lr, wd, g0 = sc
@@ -109,6 +117,10 @@ class SignumMomentum(ZeroRule):
         assert isinstance(opt, Signum)
         wd_lh = _op_f32(opt.wd_lh) if opt.wd_lh else _f32(0)
         return np.array([momentum, one_m * wd, zero_term(one_m, rescale, clip), _ONE - lr * wd_lh, lr], dtype=_f32)
+
+    def zero_rows(self, sc: np.ndarray) -> int:
+        # mom stays +0, sign(+0) = 0: w*1 + lr*0 turns -0 into +0
+        return 1 if sc[1] == 0 and not negative_zero(sc[2]) and sc[3] == 1 and sc[4] >= 0 and sc[0] >= 0 else -1
 
     def step(self, sc: np.ndarray, weight: np.ndarray, states: list[np.ndarray], tmp: list[np.ndarray]) -> None:
         momentum, decay, g0, keep, lr = sc

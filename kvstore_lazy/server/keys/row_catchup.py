@@ -46,6 +46,7 @@ class RowKeyCatchUp(RowKeyStates):
 
     def _start_history(self, history: History) -> None:
         """Give the key a history and its table a tick column (every row at tick 0: at its values now)."""
+        history.closed = self.closed_forms
         self.history = history
         rows = self._table.export()
         rows["columns"][TICK] = np.zeros(len(rows["row_ids"]), np.int64)

@@ -38,6 +38,7 @@ class RowKeyFields:
         self._track = track_changes         # tables record changes for incremental snapshots
         self.history: History | None = None  # dense semantics: the key's steps (row_catchup), with a tick column
         self.row_steps = row_steps          # per-row Adam bias correction: each row's updates, a steps column
+        self.closed_forms = False           # KVSTORE_LAZY_CATCHUP=closed (set by whoever makes the key)
         self._table = self._new_table(storage_dtype, num_states)   # float32 under multi-precision
         self._rebuilt = True                # the next incremental snapshot must hold the whole key
         self.round = SyncRound()

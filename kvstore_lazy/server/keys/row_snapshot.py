@@ -116,8 +116,10 @@ class RowKeySnapshots(RowKeyCatchUp):
                     len(table["states"]), int(info["local_rows"]), int(info["row_offset"]), spec, policy,
                     lifecycle.settings.track_changes if lifecycle is not None else False,
                     bool(info.get("adam_row_steps")))
+        entry.closed_forms = lifecycle is not None and lifecycle.settings.catchup == "closed"
         if info.get("history") is not None:
             entry.history = History.from_json(info["history"])
+            entry.history.closed = entry.closed_forms
         rows = {"row_ids": table["row_ids"], "weights": table["weights"], "states": table["states"],
                 "columns": {name[4:]: a for name, a in arrays.items() if name.startswith("col_")}}
         entry._table = entry._new_table(table["weights"].dtype, len(table["states"]), rows, info.get("buckets"))

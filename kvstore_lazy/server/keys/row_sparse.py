@@ -70,6 +70,7 @@ class RowSparseKey(RowKeySnapshots):
         entry = cls(request.key, request.dtype, row_size, storage_dtype, num_states, local_rows, offset, spec,
                     policy, track, row_steps)
         entry.rank = rank
+        entry.closed_forms = lifecycle is not None and lifecycle.settings.catchup == "closed"
         entry.use_optimizer(optimizer)
         if lifecycle is not None:
             entry._open_disk(lifecycle)
