@@ -127,6 +127,8 @@ def test_pulls_states_and_checkpoint_reads_equal_stock(case, lazy):
     job = Job(CASES[case], lazy, zlib.crc32(case.encode()))
     _drive(job, 30)
     job.check_all()
+    stats = job.peer.server.stats()["sparse"][str(KEY)]
+    assert stats["history_steps"] == 30 and 1 <= stats["history_runs"] <= 30
 
 
 @pytest.mark.parametrize("case", ["sgd-mom-wd", "signum-wd", "adam-wd"])

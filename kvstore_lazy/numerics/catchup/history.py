@@ -107,6 +107,10 @@ class History:
     def rule(self) -> ZeroRule | None:
         return self.eras[-1].rule
 
+    def runs(self) -> int:
+        """Runs of equal scalars kept, over every era (what the history costs: a run is its scalars)."""
+        return sum(e.log.runs() for e in self.eras if e.log is not None)
+
     def dense(self) -> bool:
         """Whether any era moves rows without gradient (else nothing ever needs bringing)."""
         return any(e.rule is not None for e in self.eras)

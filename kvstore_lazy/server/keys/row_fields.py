@@ -97,6 +97,8 @@ class RowKeyFields:
             out.update(self.disk.stats())
         if self.policy is not None:
             out.update(self.policy.stats())
+        if self.history is not None:        # dense semantics: the steps rows are brought over
+            out.update(history_steps=self.history.tick, history_runs=self.history.runs())
         return out
 
     def __len__(self) -> int:
