@@ -6,7 +6,10 @@
   pulled or pushed), and pulled values before any update equal the initializer's function of (seed, key, row),
   whatever the number of servers and the pull order;
 - with rows given explicitly at init, training matches the stock server on every row;
-- a pull of a row beyond input_dim makes the worker fail loudly, the server logs it and stays up.
+- a pull of a row beyond input_dim makes the worker fail loudly, the server logs it and stays up;
+- fetch_rows, fetch_states and a save/restore of optimizer states (what Gluon's Trainer.save_states/load_states
+  run) give global row ids for a key that was never declared lazy and is split over 2 servers (each server knows
+  its rows by local id only), and the restore writes each server's own rows.
 """
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from common import load
 from lazy_jobs import stored_rows as snapshot_rows
 from kvstore_lazy.persist import checkpoint
 from kvstore_lazy.numerics.initializers import parse_initializer
+from kvstore_lazy.protocol.mxnet import row_partition
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +142,76 @@ def test_fetch_rows_returns_exactly_the_stored_rows_and_checkpoint_loads(job_fac
     assert checkpoint.lazy_params(job.tmp / "res.params") == {
         "arg:embed_weight": {"key": 3, "rows": rows, "row_shape": [dim], "dtype": "float32", "init": UNIFORM,
                              "seed": 42}}
+
+
+UNDECLARED, DECLARED, SMALL = 3, 5, 7     # tests/workers/undeclared_states.py
+STATE_SHAPES = {UNDECLARED: (1000, 4), DECLARED: (1000, 4), SMALL: (60, 4)}
+
+
+def snapshot_states(snap_dir, servers: int, key: int, bound: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(global row ids, [states]) of `key` in the servers' snapshots in `snap_dir`. A key that was not declared lazy
+    is stored by local id: made global here with the part of the key MXNet's worker gives each server."""
+    rows, dim = STATE_SHAPES[key]
+    ids, states = [], []
+    for rank in range(servers):
+        info = checkpoint.read_manifest(snap_dir, rank)["keys"].get(str(key))
+        if info is None:
+            continue
+        part = checkpoint.read_snapshot_key(snap_dir, rank, key, info)
+        first = 0 if info["lazy"] or rows * dim < bound else row_partition(rows, servers, rank)[0]
+        ids.append(part["row_ids"].astype(np.int64) + first)
+        states.append(part["states"])
+    order = np.argsort(np.concatenate(ids))
+    return (np.concatenate(ids)[order],
+            [np.concatenate([s[j] for s in states])[order] for j in range(len(states[0]))])
+
+
+def positions(saved_ids, ids, key) -> np.ndarray:
+    """Where the saved rows are among the rows that exist later: all of them (a declared key may have more)."""
+    assert np.isin(saved_ids, ids).all() and (key == DECLARED or len(ids) == len(saved_ids))
+    return np.searchsorted(ids, saved_ids)
+
+
+def test_undeclared_split_key_states_fetch_save_and_restore_by_global_row_id(job_factory):
+    """A key kv.init'ed with every row and never declared, split over 2 servers: each server lists its rows by local
+    id (its init push carried ids relative to its part), and fetch_rows/fetch_states must return global ids (they
+    returned [0..499, 0..499]), a save of the states must hold them, and its restore must write each server's
+    rows by the server's local ids. A declared split key and an unsplit undeclared key alongside, unchanged."""
+    bound = 1000
+    job = job_factory("undeclared", num_workers=2, num_servers=2, server="lazy",
+                      mode_env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(bound)})
+    snap = job.tmp / "snap"
+    job.start(server_env={"KVSTORE_LAZY_SNAPSHOT_DIR": str(snap)})
+    out = str(job.tmp / "res")
+    job.run_workers("undeclared_states.py", ["--out", out], timeout=60)
+    r0 = load(out, 0)
+    for key, (rows, dim) in STATE_SHAPES.items():
+        ids = r0[f"fetched_ids{key}"]
+        # what the servers held when rank 0 read them: their tagged snapshot, by global row id
+        held_ids, held = snapshot_states(snap / "tagged", 2, key, bound)
+        assert int(r0[f"fetched_num_states{key}"]) == 2 == len(held)
+        np.testing.assert_array_equal(ids, held_ids)
+        if key != DECLARED:   # every row of a key inited with every row exists
+            np.testing.assert_array_equal(ids, np.arange(rows))
+        # values: a row_sparse_pull of every row
+        np.testing.assert_array_equal(r0[f"pulled_ids{key}"], np.arange(rows))
+        np.testing.assert_array_equal(r0[f"fetched{key}"], r0[f"pulled{key}"][ids])
+        for j in range(2):
+            np.testing.assert_array_equal(r0[f"fetched_state{j}_{key}"], held[j])
+            # fetch_states and the saved file: the same rows and states
+            np.testing.assert_array_equal(r0[f"states_ids{key}"], ids)
+            np.testing.assert_array_equal(r0[f"states_state{j}_{key}"], held[j])
+            np.testing.assert_array_equal(r0[f"saved_ids{key}"], ids)
+            np.testing.assert_array_equal(r0[f"saved_state{j}_{key}"], held[j])
+        # more training changed the states on both servers' parts; the restore put the saved ones back, each
+        # server's on its own rows (the servers' snapshots at exit). A declared key gained rows since the save,
+        # which the restore leaves alone.
+        changed = np.any(r0[f"retrained_state0_{key}"][positions(ids, r0[f"retrained_ids{key}"], key)] != held[0],
+                         axis=1)
+        assert changed[ids < rows // 2].any() and changed[ids >= rows // 2].any()
+        restored = positions(ids, r0[f"restored_ids{key}"], key)
+        final_ids, final = snapshot_states(snap, 2, key, bound)
+        np.testing.assert_array_equal(final_ids, r0[f"restored_ids{key}"])
+        for j in range(2):
+            np.testing.assert_array_equal(r0[f"restored_state{j}_{key}"][restored], held[j])
+            np.testing.assert_array_equal(final[j][restored], held[j])

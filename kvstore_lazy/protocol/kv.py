@@ -325,7 +325,15 @@ KIND_ABSENT, KIND_ROW_SPARSE, KIND_DENSE = 0, 1, 2
 @dataclass(frozen=True)
 class RowsHeader:
     """Local row 0 of ``mx.ROWS_HEADER_KEY`` (float64, ``mx.ROWS_WIDTH`` wide) after a LAZY_ROWS command: what this
-    server holds of the queried key."""
+    server holds of the queried key.
+
+    Fields only ever go at the end, in the row's zero padding: a reader takes the fields it knows and ignores the
+    rest, and a field a peer from before it does not send reads as 0, so a field's 0 must mean what such a peer
+    meant. ``ids_local``: MXNet's worker splits a row_sparse key over the servers (EncodeRowSparseKey) and the init
+    push gives each server ids relative to its part, so the server of a key that was not declared lazy never learns
+    where its part starts: it lists and takes the key's rows by those local ids, and the worker, which knows the
+    split, adds or subtracts the part's start (0 from an older server: its ids are taken as global, as they
+    were)."""
 
     count: int = 0          # rows listed (row_sparse) or elements here (dense)
     num_states: int = 0     # optimizer states
@@ -333,8 +341,10 @@ class RowsHeader:
     kind: int = KIND_ABSENT
     update_count: int = 0   # this server's optimizer update count of the key
     num_update: int = 0     # this server's optimizer num_update
+    local_rows: int = 0     # rows of this server's part of the key (row_sparse; 0 from an older server)
+    ids_local: int = 0      # 1: the row ids listed (and pushed) are local to this server's part, see above
 
-    FIELDS = ("count", "num_states", "row_size", "kind", "update_count", "num_update")
+    FIELDS = ("count", "num_states", "row_size", "kind", "update_count", "num_update", "local_rows", "ids_local")
 
     def row(self) -> np.ndarray:
         out = np.zeros((1, mx.ROWS_WIDTH))

@@ -5,7 +5,9 @@ Owns: the LAZY_ROWS, LAZY_ALIAS and LAZY_SET_COUNTS commands and the virtual row
 ``fetch_states`` and ``restore_states`` use them. A stock worker can only pull and push row_sparse arrays, so a
 checkpoint of a lazy key goes: LAZY_ROWS names the key; a pull of ``ROWS_HEADER_KEY`` returns per server a header
 row (:class:`~kvstore_lazy.protocol.kv.RowsHeader`) then the listed row ids; pulls of ``flat_state_key(j)`` return
-state j of the listed rows, flattened into rows of ``ROWS_WIDTH``. A restore pushes the same keys back.
+state j of the listed rows, flattened into rows of ``ROWS_WIDTH``. A restore pushes the same keys back. Row ids are
+the key's ``row_ids`` (global), except for a row_sparse key that was not declared lazy: its server never learnt
+where its part of the key starts, so it lists and takes them by local id and says so in the header (``ids_local``).
 Does not own: the keys' values (it goes through the key objects' methods only), the wire layout of replies
 (``protocol.kv``).
 
@@ -39,7 +41,7 @@ def _int_field(body, name: str) -> int:
 class StateTransfer:
     def __init__(self, server) -> None:
         self.server = server                                    # its .keys, .optimizer, .rank, .num_servers
-        self.listings: dict[int, tuple[int, np.ndarray]] = {}   # node id -> (key, listed global row ids)
+        self.listings: dict[int, tuple[int, np.ndarray]] = {}   # node id -> (key, listed row ids: the key's row_ids)
         self.aliases: dict[int, int] = {}                       # string-key int -> virtual key (LAZY_ALIAS)
 
     def resolve(self, key: int) -> int:
@@ -102,7 +104,11 @@ class StateTransfer:
         if optimizer is not None:
             counts = {"update_count": optimizer.update_count(key), "num_update": int(optimizer.num_update)}
         if isinstance(entry, RowSparseKey):
-            return RowsHeader(len(ids), entry.num_states, entry.row_size, wire.KIND_ROW_SPARSE, **counts)
+            # a key not declared lazy knows its rows by local id only (its init push carried no more; row_offset 0):
+            # say so, so that the worker adds the start of this server's part (RowsHeader)
+            first, end = entry.global_range()
+            return RowsHeader(len(ids), entry.num_states, entry.row_size, wire.KIND_ROW_SPARSE, **counts,
+                              local_rows=end - first, ids_local=int(entry.spec is None))
         if isinstance(entry, DenseKey):
             return RowsHeader(entry.size, entry.num_states, 0, wire.KIND_DENSE, **counts)
         return RowsHeader(**counts)
@@ -168,14 +174,22 @@ class StateTransfer:
         if len(request.local_ids) == 0:   # an (empty) kv.init of a virtual key, for string-key KVStores
             return wire.reply(request.sender, request.meta)
         queried, ids = self._listing(request, key)
-        if request.values.shape[1] != mx.ROWS_WIDTH:
-            raise BadRequest(key, f"virtual rows are {mx.ROWS_WIDTH} wide, not {request.values.shape[1]}")
-        if key == mx.ROWS_HEADER_KEY:
-            self._push_listing(request, key, queried)
-        elif mx.is_flat_state_key(key):
-            self._push_state(request, key, queried, ids)
-        else:
-            raise BadRequest(key, "push to a virtual row-listing key")
+        try:
+            if request.values.shape[1] != mx.ROWS_WIDTH:
+                raise BadRequest(key, f"virtual rows are {mx.ROWS_WIDTH} wide, not {request.values.shape[1]}")
+            if key == mx.ROWS_HEADER_KEY:
+                self._push_listing(request, key, queried)
+            elif mx.is_flat_state_key(key):
+                self._push_state(request, key, queried, ids)
+            else:
+                raise BadRequest(key, "push to a virtual row-listing key")
+        except BadRequest:
+            if key == mx.ROWS_HEADER_KEY:
+                # the state pushes that follow are for the rows this listing named: with no listing they are refused
+                # too, instead of writing their states into the rows of the one before (a LAZY_ROWS listing of
+                # every row the key holds)
+                del self.listings[request.sender]
+            raise
         return wire.reply(request.sender, request.meta)
 
     def _push_listing(self, request: DataRequest, key: int, queried: int) -> None:

@@ -195,12 +195,15 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
     row_sparse_pull of the virtual key ``ROWS_HEADER_KEY`` reads the counts and then the ids, and ordinary
     row_sparse_pulls read the values (and states, through the flat-state keys ``flat_state_key(j)``). Nothing is
     materialized. On a string-key KVStore (Module) call :func:`register_virtual_keys` first, on every worker.
+
+    A row_sparse key that was not declared lazy works too (every row it was inited with exists): its servers list
+    its rows by ids local to their part of the key, which `shape` and ``MXNET_KVSTORE_BIGARRAY_BOUND`` place, as
+    MXNet's worker split the key (:func:`_id_offsets`).
     """
     headers = _query(kv, key)
     num_states = max((h.num_states for h in headers), default=0)
     per_server = _listed_ids(kv, headers)
-    ids = np.concatenate(per_server) if per_server else np.zeros(0, np.int64)
-    assert np.all(ids[1:] > ids[:-1]), "servers listed overlapping or unsorted rows"
+    ids = _global_ids(kv, key, shape, headers, per_server)
     row_shape = tuple(int(d) for d in shape[1:])
     if len(ids) == 0:
         empty = np.zeros((0,) + row_shape, dtype)
@@ -306,6 +309,38 @@ def _listed_ids(kv, headers: list[RowsHeader]) -> list[np.ndarray]:
     return [ids.astype(np.int64) for ids in _read_chunks(kv, proto.ROWS_HEADER_KEY, "float64", counts, 1)]
 
 
+def _id_offsets(kv, key, shape, headers: list[RowsHeader]) -> list[int]:
+    """Per server, what turns the row ids it lists (and takes in a restore) into global row ids: 0 for a server that
+    lists global ids, the first row of its part of the key for one that lists local ids (a key not declared lazy:
+    its init push carried ids relative to the server's part, so the server never learnt where the part starts;
+    RowsHeader.ids_local). The parts are the ones MXNet's worker splits the key into (EncodeRowSparseKey: the
+    key's shape, the number of servers and MXNET_KVSTORE_BIGARRAY_BOUND), checked against the rows each such
+    server holds."""
+    parts = _row_parts(key_id(kv, key), shape, len(headers))
+    offsets = []
+    for s, (header, (first, rows)) in enumerate(zip(headers, parts)):
+        if header.kind == KIND_ROW_SPARSE and header.ids_local:
+            if header.local_rows != rows:
+                raise RuntimeError(
+                    f"key {key!r}: server {s} holds {header.local_rows} rows of it, but this worker splits "
+                    f"shape {tuple(shape)} over {len(headers)} servers giving it {rows} (MXNET_KVSTORE_BIGARRAY_BOUND"
+                    f"={_bound()}); pass the key's shape, and the bound the job's workers ran with")
+            offsets.append(first)
+        else:
+            offsets.append(0)
+    return offsets
+
+
+def _global_ids(kv, key, shape, headers: list[RowsHeader], per_server: list[np.ndarray]) -> np.ndarray:
+    """The row ids the servers listed (:func:`_listed_ids`), global, in server order: sorted and unique."""
+    offsets = _id_offsets(kv, key, shape, headers)
+    ids = np.concatenate([listed + offset for listed, offset in zip(per_server, offsets)] or [np.zeros(0, np.int64)])
+    if np.any(ids[1:] <= ids[:-1]):
+        raise RuntimeError(f"key {key!r}: the servers listed overlapping or unsorted rows (servers older than this "
+                           f"worker list a key that was not declared lazy by local row id: update them)")
+    return ids
+
+
 def _read_flat(kv, virtual: int, counts: list[int]) -> np.ndarray:
     return np.concatenate(_read_chunks(kv, virtual, "float32", counts, 0))
 
@@ -325,7 +360,7 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
         return dict(result, kind="absent")
     if kinds == {KIND_ROW_SPARSE}:
         per_server = _listed_ids(kv, headers)
-        ids = np.concatenate(per_server)
+        ids = _global_ids(kv, key, shape, headers, per_server)
         row_size = int(np.prod(shape[1:], dtype=np.int64))
         counts = [len(p) * row_size for p in per_server]
         result.update(kind="row_sparse", row_ids=ids)
@@ -345,17 +380,19 @@ def fetch_states(kv: "mx.kv.KVStore", key, shape, dtype="float32") -> dict:
     return result
 
 
-def _row_split(kid: int, shape, ids: np.ndarray, servers: int) -> list[np.ndarray]:
-    """The ids (global, sorted) each server holds of a row_sparse key, as EncodeRowSparseKey splits them."""
+def _row_parts(kid: int, shape, servers: int) -> list[tuple[int, int]]:
+    """(first global row, rows) of each server's part of row_sparse key `kid`, as EncodeRowSparseKey splits it:
+    every server a part of a key of MXNET_KVSTORE_BIGARRAY_BOUND elements or more, else all rows on one server."""
     total = int(shape[0])
     if proto.is_partitioned(total * int(np.prod(shape[1:], dtype=np.int64)), _bound()):
-        out = []
-        for s in range(servers):
-            start, count = proto.row_partition(total, servers, s)
-            out.append(ids[(ids >= start) & (ids < start + count)])
-        return out
+        return [proto.row_partition(total, servers, s) for s in range(servers)]
     home = proto.dense_home_server(kid, servers)
-    return [ids if s == home else ids[:0] for s in range(servers)]
+    return [(0, total) if s == home else (0, 0) for s in range(servers)]
+
+
+def _row_split(kid: int, shape, ids: np.ndarray, servers: int) -> list[np.ndarray]:
+    """The ids (global, sorted) each server holds of a row_sparse key, as EncodeRowSparseKey splits them."""
+    return [ids[(ids >= first) & (ids < first + rows)] for first, rows in _row_parts(kid, shape, servers)]
 
 
 def _dense_split(kid: int, size: int, servers: int) -> list[tuple[int, int]]:
@@ -396,26 +433,35 @@ def restore_states(kv: "mx.kv.KVStore", key, shape, saved: dict) -> None:
     kid = key_id(kv, key)
     servers = _num_servers()
     states = [np.asarray(s, np.float32) for s in saved.get("states", [])]
-    if saved["kind"] != "absent" and states:
-        kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
-        if saved["kind"] == "row_sparse":
-            ids = np.asarray(saved["row_ids"], np.int64)
-            if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
-                raise ValueError("saved row ids must be sorted and unique")
-            split = _row_split(kid, shape, ids, servers)
-            positions = [np.searchsorted(ids, part_ids) for part_ids in split]
-            headers = [np.concatenate([[len(p)], np.zeros(proto.ROWS_WIDTH - 1), p]).astype(np.float64)
-                       if len(p) else np.zeros(0) for p in split]
-            _push_chunks(kv, proto.ROWS_HEADER_KEY, "float64", headers)
-            for j, state in enumerate(states):
-                flat = state.reshape(len(ids), -1)
-                _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[pos].reshape(-1) for pos in positions])
+    if saved["kind"] == "row_sparse" and states:
+        ids = np.asarray(saved["row_ids"], np.int64)
+        if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
+            raise ValueError("saved row ids must be sorted and unique")
+        if len(ids) and (ids[0] < 0 or ids[-1] >= shape[0]):
+            raise ValueError(f"saved row ids must be within the key's {shape[0]} rows, got "
+                             f"[{int(ids[0])}, {int(ids[-1])}]")
+        offsets = [0] * servers
+        if any(first for first, _ in _row_parts(kid, shape, servers)):
+            # a split key: a server of a key not declared lazy takes its rows by local id (_id_offsets), which the
+            # headers say (_query sends LAZY_ROWS first)
+            offsets = _id_offsets(kv, key, shape, _query(kv, key))
         else:
-            size = int(np.prod(shape, dtype=np.int64))
-            parts = _dense_split(kid, size, servers)
-            for j, state in enumerate(states):
-                flat = state.reshape(-1)
-                _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[o:o + n] for o, n in parts])
+            kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
+        split = _row_split(kid, shape, ids, servers)
+        positions = [np.searchsorted(ids, part_ids) for part_ids in split]
+        headers = [np.concatenate([[len(p)], np.zeros(proto.ROWS_WIDTH - 1), p - offset]).astype(np.float64)
+                   if len(p) else np.zeros(0) for p, offset in zip(split, offsets)]
+        _push_chunks(kv, proto.ROWS_HEADER_KEY, "float64", headers)
+        for j, state in enumerate(states):
+            flat = state.reshape(len(ids), -1)
+            _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[pos].reshape(-1) for pos in positions])
+    elif saved["kind"] != "absent" and states:
+        kv._send_command_to_servers(proto.LAZY_ROWS, json.dumps({"key": kid}))
+        size = int(np.prod(shape, dtype=np.int64))
+        parts = _dense_split(kid, size, servers)
+        for j, state in enumerate(states):
+            flat = state.reshape(-1)
+            _push_chunks(kv, proto.flat_state_key(j), "float32", [flat[o:o + n] for o, n in parts])
     kv._send_command_to_servers(proto.LAZY_SET_COUNTS, json.dumps(
         {"key": kid, "counts": [int(c) for c in saved.get("counts", [])],
          "num_update": [int(c) for c in saved.get("num_update", [])]}))
