@@ -7,7 +7,8 @@ as the protocol-0 pickles a worker sends, made by the caller) and writes every r
   (ROWS, COLS) table through both server paths (rows gathered and scattered; ``update_rows`` in place), each
   through the compiled kernels and through the numpy expressions (what other dtypes take);
 * initializers: rows of every initializer for large and small row ids, in float16/32/64;
-* 2-bit compression: dequantized pushes.
+* 2-bit compression: dequantized pushes;
+* dense-update semantics: a table under each optimizer stock runs on every row, rows brought when touched.
 
 Inputs are drawn from ``np.random.RandomState`` (whose streams numpy keeps fixed across versions), by the functions
 below, which the caller also uses to compute MXNet's results.
@@ -22,6 +23,7 @@ import zlib
 import numpy as np
 
 from kvstore_lazy.numerics import optimizers
+from kvstore_lazy.numerics.catchup import History, rule_for, touched_update
 from kvstore_lazy.numerics.compression import dequantize_2bit
 from kvstore_lazy.numerics.initializers import parse_initializer
 
@@ -54,6 +56,18 @@ def sparse_data():
     steps = []
     for _ in range(STEPS):
         idx = np.sort(rng.choice(ROWS - 2, size=4, replace=False))
+        steps.append((idx, rng.randn(len(idx), COLS).astype(np.float32)))
+    return initial, steps
+
+
+def catchup_data():
+    """(initial table, [(sorted row ids, grad rows)] per step) for the dense-semantics cases: 24 steps, every 7th
+    without rows, the last 2 rows never touched."""
+    rng = np.random.RandomState(13)
+    initial = rng.randn(ROWS, COLS).astype(np.float32)
+    steps = []
+    for k in range(24):
+        idx = np.sort(rng.choice(ROWS - 2, size=0 if k % 7 == 6 else 3, replace=False)).astype(np.int64)
         steps.append((idx, rng.randn(len(idx), COLS).astype(np.float32)))
     return initial, steps
 
@@ -103,6 +117,27 @@ def run_sparse(body: bytes, in_place: bool) -> dict[str, np.ndarray]:
     return {"w": weight, **{f"s{i}": s for i, s in enumerate(states)}}
 
 
+def run_catchup(body: bytes) -> dict[str, np.ndarray]:
+    """A table under an optimizer stock runs on every row, kept as the server keeps it: rows brought over the steps
+    they missed when touched (``numerics.catchup.History``), every row brought at the end."""
+    opt = optimizers.load_optimizer(body)
+    rule = rule_for(opt)
+    history = History(rule, opt.num_states())
+    weight, steps = catchup_data()
+    states, ticks = opt.init_states(weight), np.zeros(ROWS, np.int64)
+    for idx, grad in steps:
+        w, s = weight[idx], [x[idx] for x in states]
+        history.bring(w, s, ticks[idx])
+        touched_update(rule, opt, SPARSE_KEY, w, grad, s)
+        history.record(opt.update_count(SPARSE_KEY), rule.scalars(opt, SPARSE_KEY))
+        weight[idx] = w
+        for x, rows in zip(states, s):
+            x[idx] = rows
+        ticks[idx] = history.tick
+    history.bring(weight, states, ticks)
+    return {"w": weight, **{f"s{i}": s for i, s in enumerate(states)}}
+
+
 def run(cases: dict) -> dict[str, np.ndarray]:
     """Every result, named ``kind/case/path/array``."""
     results = {}
@@ -115,6 +150,9 @@ def run(cases: dict) -> dict[str, np.ndarray]:
                 for how in ("gathered", "in_place"):
                     for name, a in run_sparse(body.encode("latin-1"), how == "in_place").items():
                         results[f"sparse/{case}/{how}-{path}/{name}"] = a
+    for case, body in cases.get("catchup", {}).items():
+        for name, a in run_catchup(body.encode("latin-1")).items():
+            results[f"catchup/{case}/{name}"] = a
     for i, dumps in enumerate(INITIALIZERS):
         init = parse_initializer(dumps)
         for dtype in (np.float16, np.float32, np.float64):

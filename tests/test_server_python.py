@@ -9,7 +9,8 @@ that venv's interpreter: tests/cluster.py then starts our servers with it, isola
 - that interpreter imports kvstore_lazy from its own site-packages, with the wheel's compiled kernels, no mxnet and
   no compiler;
 - its arithmetic is bit-identical: every optimizer (dense; row_sparse through both server paths; compiled kernels
-  and numpy expressions) to MXNet 1.9.1 itself, run here; all of tests/server_numerics.py (initializers, 2-bit
+  and numpy expressions; the rows of optimizers stock runs on every row, brought over missed steps) to MXNet 1.9.1
+  itself, run here; all of tests/server_numerics.py (initializers, 2-bit
   dequantization too) to this Python's numpy;
 - a real job runs with its servers on that interpreter (checked in /proc: executable and the kernels it mapped).
 
@@ -91,6 +92,17 @@ def _mxnet_sparse(mx, make, numerics):
     return {"w": weight.asnumpy(), **{f"s{i}": s for i, s in enumerate(_states(updater.states[numerics.SPARSE_KEY]))}}
 
 
+def _mxnet_every_row(mx, make, numerics):
+    """MXNet's updater over every row of a row_sparse weight, fed server_numerics.catchup_data's rounds."""
+    updater = mx.optimizer.get_updater(make())
+    initial, steps = numerics.catchup_data()
+    shape = (numerics.ROWS, numerics.COLS)
+    weight = mx.nd.sparse.row_sparse_array((initial, np.arange(numerics.ROWS)), shape=shape)
+    for idx, grad in steps:
+        updater(numerics.SPARSE_KEY, mx.nd.sparse.row_sparse_array((grad, idx), shape=shape), weight)
+    return {"w": weight.asnumpy(), **{f"s{i}": s for i, s in enumerate(_states(updater.states[numerics.SPARSE_KEY]))}}
+
+
 def _arrays(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as npz:
         return {name: npz[name] for name in npz.files}
@@ -103,10 +115,12 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def test_server_arithmetic_is_bit_identical_to_mxnet_and_to_this_numpy(tmp_path):
     mx = pytest.importorskip("mxnet")
     import server_numerics as numerics
+    from test_catchup import CASES as EVERY_ROW_CASES
     from test_optimizers import DENSE_CASES, SPARSE_CASES
 
     cases = {"dense": {c: pickle.dumps(make(), 0).decode("latin-1") for c, make in DENSE_CASES.items()},
-             "sparse": {c: pickle.dumps(make(), 0).decode("latin-1") for c, make in SPARSE_CASES.items()}}
+             "sparse": {c: pickle.dumps(make(), 0).decode("latin-1") for c, make in SPARSE_CASES.items()},
+             "catchup": {c: pickle.dumps(make(), 0).decode("latin-1") for c, make in EVERY_ROW_CASES.items()}}
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     script, cases_file = str(ROOT / "tests" / "server_numerics.py"), str(tmp_path / "cases.json")
     print(server_python(script, cases_file, str(tmp_path / "theirs.npz")).strip())
@@ -128,7 +142,11 @@ def test_server_arithmetic_is_bit_identical_to_mxnet_and_to_this_numpy(tmp_path)
             for how in ("gathered-kernels", "gathered-numpy", "in_place-kernels", "in_place-numpy"):
                 assert _same_bits(theirs[f"sparse/{case}/{how}/{name}"], want), f"sparse {case} {how} {name}"
                 against_mxnet += 1
-    assert against_mxnet > 250
+    for case, make in EVERY_ROW_CASES.items():
+        for name, want in _mxnet_every_row(mx, make, numerics).items():
+            assert _same_bits(theirs[f"catchup/{case}/{name}"], want), f"catchup {case} {name}"
+            against_mxnet += 1
+    assert against_mxnet > 290
 
 
 def _wait_for_mapping(pid: int, path: Path, timeout: float = 60) -> bool:
