@@ -17,6 +17,7 @@
  *   kernels_normal.c   Box-Muller with log/sin/cos of IEEE basic operations (the Normal initializers)
  *   kernels_io.c       batched record reads and writes of the disk segments (pread/pwrite, io_uring)
  *   kernels_records.c  the records of the disk tier: their checks, and rows packed into and out of them
+ *   kernels_catchup.c  dense-update semantics: rows brought over the zero-gradient steps they missed
  */
 #include "kernels.h"
 

@@ -1,6 +1,7 @@
 """Compiled inner loops for the row store, the disk tier and the SGD/Adam updates: ``kernels.c`` and the units it
 lists (``kernels_index.c``, ``kernels_rows.c``, ``kernels_optim.c``, ``kernels_normal.c``, ``kernels_io.c``,
-``kernels_records.c``, ``kernels.h``), compiled at install time into one library called through ctypes.
+``kernels_records.c``, ``kernels_catchup.c``, ``kernels.h``), compiled at install time into one library called
+through ctypes.
 
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
 rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of two
@@ -30,7 +31,7 @@ SOURCE = Path(__file__).with_name("kernels.c")     # the library's first unit (i
 # every source of the library, as setup.py names them: the digest the library records is theirs
 SOURCES = tuple(SOURCE.with_name(name) for name in (
     "kernels.c", "kernels.h", "kernels_index.c", "kernels_rows.c", "kernels_optim.c", "kernels_normal.c",
-    "kernels_io.c", "kernels_records.c"))
+    "kernels_io.c", "kernels_records.c", "kernels_catchup.c"))
 LIBRARY = Path(__file__).with_name("_kernels.so")
 REBUILD = "`pip install .` builds it (in a source checkout: `make venv`, or `pip install -e .`)"
 
@@ -58,9 +59,11 @@ _SIGNATURES = {
     "scatter_fields": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
     "move_rows": [_ptr, _i64, _ptr, _ptr, _i64],
     "count_values_i32": [_ptr, _i64, ctypes.c_int32, _i64, _ptr],
+    "catchup_rows": [_i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
+_RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "count_values_i32": _i64,
+             "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64}
 
 
@@ -195,6 +198,35 @@ def merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
     n = _lib.merge_rows_f32(_addr(ids_a), _addr(vals_a), len(ids_a), _addr(ids_b), _addr(vals_b), len(ids_b), cols,
                             _addr(ids), _addr(vals))
     return ids[:n], vals[:n]
+
+
+CATCHUP_RULES = ("sgd", "sgd_mom", "nag", "signum", "signsgd", "rmsprop", "rmsprop_centered", "adam")
+
+
+def catchup_rows(rule: str, weight: np.ndarray, states: Sequence[np.ndarray], last: np.ndarray, upto: int,
+                 starts: np.ndarray, values: np.ndarray, log_last: int) -> int | None:
+    """``kernels_catchup.c``: rows ``weight`` (n x d float32, C-contiguous) and their ``states`` (the rule's, same
+    layout), last updated at steps ``last``, brought in place to step ``upto`` over a log's runs (``starts``:
+    int64 first step of each run, ascending; ``values``: float32 runs x width; the last run ends at ``log_last``;
+    the caller checked it holds every step). The row-steps applied, or None (nothing changed) when the arrays or
+    the rule are not the kernel's (the caller replays with numpy)."""
+    if rule not in CATCHUP_RULES or len(states) > 3 or weight.ndim != 2 or not _f32_rows(weight, *states) \
+            or any(s.shape != weight.shape for s in states):
+        return None
+    last = np.ascontiguousarray(last, np.int64)
+    starts = np.ascontiguousarray(starts, np.int64)
+    values = np.ascontiguousarray(values, np.float32)
+    if len(last) != len(weight) or values.ndim != 2 or len(values) != len(starts):
+        return None
+    ptrs = [_addr(s) for s in states] + [None] * (3 - len(states))
+    done = _lib.catchup_rows(CATCHUP_RULES.index(rule), len(weight), weight.shape[1], _addr(weight), *ptrs,
+                             _addr(last), upto, len(starts), _addr(starts), _addr(values), values.shape[1],
+                             log_last)
+    return None if done < 0 else int(done)
+
+
+def _f32_rows(*arrays: np.ndarray) -> bool:
+    return all(a.dtype == _F32 and a.flags.c_contiguous and a.flags.writeable for a in arrays)
 
 
 def _merge_rows_numpy(ids_a, vals_a, ids_b, vals_b):

@@ -28,10 +28,10 @@ sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 from core_step import KEY, WORKERS, Worker, zipf_rows  # noqa: E402
 
-from kvstore_lazy.numerics.catchup import replay  # noqa: E402
 from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
 from kvstore_lazy.server.core import KVServer  # noqa: E402
 from kvstore_lazy.server.policy import Settings  # noqa: E402
+from kvstore_lazy.store import kernels  # noqa: E402
 from kvstore_lazy.worker import lazy_spec_body  # noqa: E402
 
 INPUT_DIM, DIM = 1_000_000, 16
@@ -72,13 +72,14 @@ def run(optimizer, catchup: str, row_steps: bool, steps: int, batch: int) -> dic
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal((batch, DIM)).astype(np.float32) for _ in workers]
     cpu, replayed = [], [0]
-    steps_of = replay._steps
+    compiled = kernels.catchup_rows
 
-    def counting(rule, sc, count, start, n, w, states, tmp):      # row-steps the exact replay runs
-        replayed[0] += count * (n - start)
-        return steps_of(rule, sc, count, start, n, w, states, tmp)
+    def counting(*args):      # row-steps the exact replay (the compiled kernel) applies
+        done = compiled(*args)
+        replayed[0] += done or 0
+        return done
 
-    replay._steps = counting
+    kernels.catchup_rows = counting
     try:
         for _ in range(steps):
             ids = [zipf_rows(rng, INPUT_DIM, batch) for _ in workers]
@@ -89,7 +90,7 @@ def run(optimizer, catchup: str, row_steps: bool, steps: int, batch: int) -> dic
                 handle(w.rows(rows, grad))
             cpu.append(time.process_time() - t)
     finally:
-        replay._steps = steps_of
+        kernels.catchup_rows = compiled
     fifth = max(steps // 5, 1)
     return {"first": 1e3 * float(np.mean(cpu[:fifth])), "last": 1e3 * float(np.mean(cpu[-fifth:])),
             "replayed": replayed[0] / steps, "rows": server.stats()["sparse"][str(KEY)]["rows"]}

@@ -31,7 +31,7 @@ import numpy as np
 from kvstore_lazy.numerics.catchup.base import ZeroRule
 from kvstore_lazy.numerics.catchup.closed import LINEAR, closed_catch_up
 from kvstore_lazy.numerics.catchup.registry import rule_named
-from kvstore_lazy.numerics.catchup.replay import catch_up
+from kvstore_lazy.numerics.catchup.replay import compiled_catch_up
 from kvstore_lazy.numerics.catchup.steplog import StepLog
 
 _f32 = np.float32
@@ -97,7 +97,7 @@ class History:
                 return
             except ValueError:           # (a negative zero gradient term, a negative lr: replayed, changed nothing)
                 pass
-        catch_up(era.rule, era.log, weight, states, last, era.origin + era.steps)
+        compiled_catch_up(era.rule, era.log, weight, states, last, era.origin + era.steps)
 
     @property
     def tick(self) -> int:

@@ -2,7 +2,8 @@
 vectorised over the rows.
 
 Owns: :func:`catch_up` (rows with their own last steps, brought to one target step, bit-identical to stock's
-step-by-step iteration), :func:`replay_cost` (how many row-steps a call would run).
+step-by-step iteration: the numpy reference), :func:`compiled_catch_up` (the same by the compiled kernel, a row at a
+time: what the server runs), :func:`replay_cost` (how many row-steps a call would run).
 Does not own: the steps themselves (each optimizer's rule), the log of their scalars (``steplog.py``), which rows
 and when (the server's keys).
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from kvstore_lazy.numerics.catchup.base import ZeroRule
 from kvstore_lazy.numerics.catchup.steplog import StepLog
+from kvstore_lazy.store import kernels
 
 
 def replay_cost(last: np.ndarray, upto: int) -> tuple[int, int]:
@@ -57,6 +59,23 @@ def catch_up(rule: ZeroRule, log: StepLog, weight: np.ndarray, states: list[np.n
         weight[order] = w
         for st, x in zip(states, s):
             st[order] = x
+
+
+def compiled_catch_up(rule: ZeroRule, log: StepLog, weight: np.ndarray, states: list[np.ndarray], last: np.ndarray,
+                      upto: int) -> None:
+    """:func:`catch_up` by the compiled kernel (``store/kernels_catchup.c``: the same float32 operations in the
+    same order, a row at a time, so bit-identical; no numpy pass a step), where the arrays are its (float32 rows,
+    C-contiguous); else :func:`catch_up`."""
+    last = np.asarray(last, dtype=np.int64)
+    behind = last < upto
+    if not behind.any():
+        return
+    lo = int(last[behind].min())
+    if not log.covers(lo, upto):
+        raise KeyError(f'steps {lo + 1}..{upto} are not all in the log ({log.first}..{log.last})')
+    starts, values = log.table()
+    if kernels.catchup_rows(rule.name, weight, states, last, upto, starts, values, log.last) is None:
+        catch_up(rule, log, weight, states, last, upto)
 
 
 def _rows2d(a: np.ndarray) -> np.ndarray:

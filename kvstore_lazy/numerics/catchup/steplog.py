@@ -24,13 +24,14 @@ _f32 = np.float32
 class StepLog:
     """The scalars of steps ``first .. last`` of one key; ``width`` float32 scalars a step."""
 
-    __slots__ = ('width', '_starts', '_values', 'last')
+    __slots__ = ('width', '_starts', '_values', 'last', '_table')
 
     def __init__(self, width: int) -> None:
         self.width = width
         self._starts: list[int] = []          # first step of each run
         self._values: list[np.ndarray] = []   # its scalars (float32, width)
         self.last = -1                        # the last step recorded (-1: none)
+        self._table: tuple[np.ndarray, np.ndarray, int] | None = None   # the runs as arrays (see table)
 
     @property
     def first(self) -> int:
@@ -56,6 +57,25 @@ class StepLog:
         self._starts.append(step)
         self._values.append(values.copy())
         self.last = step
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, values)``: the first step of each run (int64) and its scalars (float32, runs x width), as
+        views of arrays that grow by doubling and are filled as runs are added (asking after every record costs
+        O(1) a new run, not a copy of the log)."""
+        n = len(self._starts)
+        if self._table is None:
+            self._table = (np.zeros(16, np.int64), np.zeros((16, self.width), _f32), 0)
+        starts, values, filled = self._table
+        if n > len(starts):
+            capacity = max(2 * len(starts), n)
+            grown_s, grown_v = np.zeros(capacity, np.int64), np.zeros((capacity, self.width), _f32)
+            grown_s[:filled], grown_v[:filled] = starts[:filled], values[:filled]
+            starts, values = grown_s, grown_v
+        if n > filled:
+            starts[filled:n] = self._starts[filled:n]
+            values[filled:n] = np.stack(self._values[filled:n])
+        self._table = (starts, values, n)
+        return starts[:n], values[:n]
 
     def covers(self, after: int, upto: int) -> bool:
         """Whether steps ``after+1 .. upto`` are all recorded (trivially so when upto <= after)."""
