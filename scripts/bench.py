@@ -33,12 +33,19 @@ Scenarios (--scenarios, default all):
               dist_sync and dist_async, ours and stock in the same run: closed-loop rows/s, server cores, server
               CPU per row, p50/p99 step latency; open-loop latency against offered load and its knee (p99
               doubled); the numpy row-gather limit of the machine in the same table; saturation_latency_B*.png.
+  learning    issue 32: what Adam's row_sparse semantics do to learning (scripts/bench_workers/ctr_learning.py): a
+              synthetic CTR task (Zipf ids, clicks from a known logistic model, so the best achievable held-out
+              loss is known), 2 workers, 2 servers, dist_sync, weight decay; Adam lazy_update=True (stock's
+              default) and lazy_update=False (the dense semantics) on both servers, and the per-row step counter
+              (KVSTORE_LAZY_ADAM_ROW_STEPS=on) on ours: held-out log loss and AUC against the floor, server CPU
+              and wall time per step, and whether ours predicts exactly what stock does.
 
 Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lifecycle_rss.png,
 <out>/saturation_latency_B<B>.png, and every job's log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
-    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered,saturation]
+    python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered,saturation,
+                                                   learning]
                             [--out bench-results] [--profile] [--no-stock] [--verbose] [--report-only]
 
 --quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01), plus the lifecycle
@@ -49,7 +56,8 @@ for a stock worker building a (1e7, 64) weight. --report-only rebuilds the table
 records a run left in --out. The tiered scenario (the disk tier) takes ~30 s with --quick and ~10 minutes full (3
 Zipf pairs), and writes ~14 GB of segments under --out in its full scale run (checked against the free space first;
 deleted after). The saturation scenario takes under 2 minutes with --quick (N = 1 and 8: 8 jobs) and ~10 minutes
-full (20 jobs).
+full (20 jobs). The learning scenario: 5 jobs, ~100 s with --quick and ~7 minutes full on 2026-12-03, most of
+both in our dense-Adam job (a row read is caught up over every step it missed).
 scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
 sockets), steady enough for an optimisation's before/after.
 """
@@ -90,7 +98,7 @@ MiB, GiB = 2**20, 2**30
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered", "saturation")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered", "saturation", "learning")
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -113,6 +121,8 @@ PRESETS = {
         "saturation": {"workers": [1, 8], "batches": [512, 8192], "modes": ["dist_sync", "dist_async"],
                        "input_dim": 200_000, "dim": 32, "warmup": 0.3, "closed": 0.8, "open": 0.5,
                        "levels": [0.1, 0.8, 1.0], "min_steps": 20, "dense_seconds": 0.5, "timeout": 120},
+        "learning": {"dims": [100_000, 30_000, 10_000], "zipf": 1.2, "emb_dim": 8, "batch": 1024, "steps": 200,
+                     "held_out": 20_000, "evals": 2, "lr": [0.01], "wd": 1e-4, "servers": 2, "timeout": 300},
         "timeout": 240,
     },
     "full": {
@@ -137,6 +147,11 @@ PRESETS = {
                        "input_dim": 1_000_000, "dim": 32, "warmup": 0.5, "closed": 2.0, "open": 1.2,
                        "levels": [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0], "min_steps": 40, "dense_seconds": 1.0,
                        "timeout": 300},
+        # lr: where lazy Adam (stock's default) does best at these sizes (ctr_learning.py --replay lazy, lr 0.0025,
+        # 0.005 and 0.01: 0.4860, 0.4843, 0.4868); a list runs every arm at each
+        "learning": {"dims": [500_000, 200_000, 100_000, 50_000], "zipf": 1.2, "emb_dim": 8, "batch": 2048,
+                     "steps": 600, "held_out": 100_000, "evals": 3, "lr": [0.005], "wd": 1e-4, "servers": 2,
+                     "timeout": 900},
         "timeout": 1800,
     },
 }
@@ -1397,6 +1412,181 @@ def scenario_saturation(bench: Bench) -> tuple[str, dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 9: learning (issue 32): what Adam's row_sparse semantics do to a model's quality
+
+ROW_STEPS_VAR = "KVSTORE_LAZY_ADAM_ROW_STEPS"
+LEARNING_ARMS = [   # name, what it is, Adam's lazy_update, our servers' extra environment, the servers it runs on
+    ("lazy", "Adam lazy_update=True (stock's row_sparse default): only a batch's rows move, bias correction by the "
+             "key's step t", 1, {}, IMPLS),
+    ("dense", "Adam lazy_update=False (the dense semantics): every row moves every step, rows without gradient "
+              "with g = wd x w", 0, {}, IMPLS),
+    ("row-steps", f"lazy Adam, bias correction by the row's own update count ({ROW_STEPS_VAR}=on, ours only)", 1,
+     {ROW_STEPS_VAR: "on"}, ("lazy",)),
+]
+LEARNING_HEADERS = ["arm", "server", "held-out log loss", "above floor", "AUC", "server CPU / step", "wall / step",
+                    "predictions vs stock"]
+
+
+def learning_argv(c: dict, impl: str, arm: str, lazy_update: int, lr: float) -> list[str]:
+    return worker("ctr_learning.py") + [
+        "--server", impl, "--arm", arm, "--dims", ",".join(map(str, c["dims"])), "--zipf", str(c["zipf"]),
+        "--emb-dim", str(c["emb_dim"]), "--batch", str(c["batch"]), "--steps", str(c["steps"]),
+        "--held-out", str(c["held_out"]), "--evals", str(c["evals"]), "--lr", str(lr), "--wd", str(c["wd"]),
+        "--lazy-update", str(lazy_update)]
+
+
+def row_steps_taken(run: Run) -> bool | None:
+    """Whether our servers took KVSTORE_LAZY_ADAM_ROW_STEPS: True if their settings line names it, False if they
+    warned that it is not a setting (a server from before the per-row counter), None if the log says neither."""
+    if not os.path.exists(run.log):
+        return None
+    taken = ignored = False
+    with open(run.log, errors="replace") as fh:
+        for line in fh:
+            if ROW_STEPS_VAR not in line:
+                continue
+            if "not a kvstore_lazy setting" in line:
+                ignored = True
+            elif "settings:" in line and f"{ROW_STEPS_VAR}=" in line:
+                taken = True
+    return False if ignored else (True if taken else None)
+
+
+def learning_stats(run: Run) -> dict | None:
+    """Rank 0's records of a ctr_learning.py job: the last evaluation, the curve, CPU and wall per step."""
+    config = next(iter(run.of("config")), None)
+    evals = run.of("eval")
+    train = next(iter(run.of("train")), None)
+    if config is None or not evals:
+        return None
+    out = {"config": config, "curve": [[e["step"], e["logloss"], e["auc"]] for e in evals],
+           "logloss": evals[-1]["logloss"], "auc": evals[-1]["auc"], "step": evals[-1]["step"],
+           "train_logloss_last": evals[-1]["train_logloss"], "server_cpu_ms_per_step": None, "wall_ms_per_step": None,
+           "segments": [], "finished": train is not None}
+    for e in evals:   # server CPU and wall per step over the steps since the previous evaluation
+        cpu = e.get("segment_server_cpu")
+        if e.get("segment_steps") and cpu and None not in cpu:
+            out["segments"].append([e["step"], sum(cpu) / e["segment_steps"] * 1e3,
+                                    e["segment_wall"] / e["segment_steps"] * 1e3])
+    if train is None and out["segments"]:   # a job that did not finish: over the steps it evaluated
+        ends = [x[0] for x in out["segments"]]
+        lengths = [b - a for a, b in zip([0] + ends, ends)]
+        out["server_cpu_ms_per_step"] = sum(n * x[1] for n, x in zip(lengths, out["segments"])) / sum(lengths)
+        out["wall_ms_per_step"] = sum(n * x[2] for n, x in zip(lengths, out["segments"])) / sum(lengths)
+    if train is not None and train["steps"]:
+        cpu = train.get("server_cpu")
+        out["server_cpu_ms_per_step"] = sum(cpu) / train["steps"] * 1e3 if cpu and None not in cpu else None
+        out["wall_ms_per_step"] = train["wall"] / train["steps"] * 1e3
+        eval_cpu = train.get("eval_server_cpu")
+        out["eval_server_cpu_s"] = sum(eval_cpu) if eval_cpu and None not in eval_cpu else None
+    return out
+
+
+def learning_predictions(run: Run) -> np.ndarray | None:
+    path = Path(run.log).parent / "res.pred.npy"
+    return np.load(path) if path.exists() else None
+
+
+def compare_predictions(ours: np.ndarray | None, other: np.ndarray | None) -> tuple[str, dict]:
+    if ours is None or other is None or ours.shape != other.shape:
+        return "-", {}
+    if np.array_equal(ours, other):
+        return "identical (bit for bit)", {"identical": True, "max_abs_diff": 0.0}
+    diff = np.abs(ours.astype(np.float64) - other.astype(np.float64))
+    return (f"differ: max |dp| {diff.max():.2g}, mean {diff.mean():.2g}",
+            {"identical": False, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())})
+
+
+def scenario_learning(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["learning"]
+    lrs = c["lr"] if isinstance(c["lr"], list) else [c["lr"]]
+    runs: dict[tuple[float, str, str], Run] = {}
+    loads, failed = [], []
+    for lr in lrs:
+        for arm, _, lazy_update, arm_env, impls in LEARNING_ARMS:
+            for impl in impls:   # ours then stock, one arm after the other: the machine's load moves both alike
+                if impl == "stock" and bench.args.no_stock:
+                    continue
+                name = f"learning-{arm}" + (f"-lr{lr:g}" if len(lrs) > 1 else "")
+                if not bench.args.report_only:
+                    (bench.runs_dir / f"{name}-{impl}" / "res.pred.npy").unlink(missing_ok=True)
+                run = bench.job(name, impl, learning_argv(c, impl, arm, lazy_update, lr), num_servers=c["servers"],
+                                timeout=c["timeout"], env=STEP_ENV, server_env=arm_env if impl == "lazy" else {})
+                runs[(lr, arm, impl)] = run
+                loads += run.load
+                if not run.ok:
+                    failed.append(f"{name} on {'ours' if impl == 'lazy' else 'stock'} FAILED (status "
+                                  f"{run.status}): {run.log}")
+    stats = {k: learning_stats(r) for k, r in runs.items()}
+    preds = {k: learning_predictions(r) for k, r in runs.items()}
+    config = next((s["config"] for s in stats.values() if s), None)
+    floors = {round(s["config"]["floor_logloss"], 12) for s in stats.values() if s}
+    rows, data = [], {"config": c, "runs": {}, "arms": {a: what for a, what, *_ in LEARNING_ARMS}}
+    floor = config["floor_logloss"] if config else None
+    if config:
+        rows.append(["floor: the true model", "-", f"{config['floor_logloss']:.4f}", "0",
+                     f"{config['floor_auc']:.4f}", "", "", ""])
+        rows.append(["constant: the held-out CTR", "-", f"{config['constant_logloss']:.4f}",
+                     f"+{config['constant_logloss'] - floor:.4f}", "0.5000", "", "", ""])
+        data.update({key: config[key] for key in ("floor_logloss", "floor_auc", "constant_logloss", "held_out_ctr",
+                                                  "held_out_distinct")})
+    curves, segments = [], []
+    for (lr, arm, impl), run in runs.items():
+        st = stats[(lr, arm, impl)] or {}
+        server = "ours" if impl == "lazy" else "stock"
+        versus, cmp = "", {}
+        if impl == "lazy" and (lr, arm, "stock") in runs:
+            versus, cmp = compare_predictions(preds[(lr, arm, impl)], preds[(lr, arm, "stock")])
+        elif arm == "row-steps":
+            taken = row_steps_taken(run)
+            if taken is False:
+                versus = f"NOT APPLIED: the servers ignore {ROW_STEPS_VAR} (this run is lazy Adam)"
+            else:
+                same, cmp = compare_predictions(preds[(lr, arm, impl)], preds.get((lr, "lazy", "lazy")))
+                versus = "" if same == "-" else f"(vs lazy on ours: {same})"
+            cmp["applied"] = taken
+        label = arm + (f", lr {lr:g}" if len(lrs) > 1 else "")
+        loss = st.get("logloss")
+        partial = f" (step {st['step']} of {st['config']['steps']})" if st and not st["finished"] else ""
+        rows.append([label, server, "-" if loss is None else f"{loss:.4f}{partial}",
+                     "-" if loss is None or floor is None else f"+{loss - floor:.4f}",
+                     "-" if st.get("auc") is None else f"{st['auc']:.4f}", ms(st.get("server_cpu_ms_per_step")),
+                     ms(st.get("wall_ms_per_step")), versus if run.ok else f"job FAILED: {run.log}"])
+        data["runs"][f"{arm}/{server}" + (f"/lr{lr:g}" if len(lrs) > 1 else "")] = {
+            **{k: v for k, v in st.items() if k != "config"}, "lr": lr, "vs": cmp, "ok": run.ok}
+        if st.get("curve"):
+            curves.append(f"{label} on {server}: " + ", ".join(f"{x:.4f}" for _, x, _ in st["curve"]))
+        if st.get("segments"):
+            segments.append(f"{label} on {server}: " + ", ".join(f"{cpu:.1f}" for _, cpu, _ in st["segments"]))
+    load = f"{min(loads, default=0):.1f}..{max(loads, default=0):.1f}"
+    data["loadavg_1min"] = load
+    steps_at = ", ".join(str(x) for x, _, _ in next((st["curve"] for st in stats.values() if st), []))
+    notes = [f"2 workers, {c['servers']} servers, dist_sync; data: {len(c['dims'])} categorical fields of "
+             f"{', '.join(f'{n:,}' for n in c['dims'])} ids, Zipf({c['zipf']}) ranks scrambled into the ids; a click "
+             f"is Bernoulli(sigmoid(b0 + sum of the ids' true weights)), true weights Normal(0, 0.8), b0 = -1.5 "
+             f"(scripts/bench_workers/ctr_learning.py, ZipfLogistic)",
+             f"model: per field a wide weight (row_sparse, D=1, Zero) and an embedding (row_sparse, D="
+             f"{c['emb_dim']}, Uniform(0.05)), a Dense(1) over the embeddings and a bias (2 dense keys); "
+             f"{c['steps']} steps of {c['batch']} examples per worker; Adam lr {', '.join(f'{x:g}' for x in lrs)}, "
+             f"wd {c['wd']:g}, beta1 0.9, beta2 0.999, eps 1e-8, rescale_grad 1 / (batch x workers)",
+             "arms: " + "; ".join(f"{a}: {what}" for a, what, *_ in LEARNING_ARMS),
+             f"held-out: {c['held_out']:,} examples from a stream apart from the training data, evaluated by rank 0 "
+             "after the last step (it pulls the rows they need); floor: the log loss and AUC of the true "
+             "probabilities on the same examples (the best any model can do); AUC from the logits (numpy)",
+             "server CPU: user+system CPU of the server processes over the training steps (evaluations left out), "
+             "per step; wall: rank 0's training time per step (pull, numpy forward/backward, push, waited)",
+             "predictions vs stock: the held-out probabilities of ours against stock's, same arm (lazy: should be "
+             "identical; dense: identical once our servers catch rows up as stock moves them)",
+             f"held-out log loss during training (at steps {steps_at}): " + "; ".join(curves),
+             "server CPU per step (ms) over the steps up to each of those: " + "; ".join(segments),
+             f"every node runs with OMP_NUM_THREADS=1; 1-min load average during these jobs {load}"] + failed
+    if len(floors) > 1:
+        notes.append(f"WARNING: the runs' floors differ ({sorted(floors)}): not the same held-out set")
+    return table("Scenario 9: effect on learning (Adam on row_sparse keys, issue 32)", LEARNING_HEADERS, rows,
+                 notes), data
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -1501,6 +1691,9 @@ def main(argv=None) -> int:
         if "saturation" in scenarios:
             print("scenario 8: saturation", flush=True)
             report("saturation", lambda: scenario_saturation(bench))
+        if "learning" in scenarios:
+            print("scenario 9: learning (Adam's row_sparse semantics)", flush=True)
+            report("learning", lambda: scenario_learning(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130
