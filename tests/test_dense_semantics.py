@@ -235,3 +235,25 @@ def test_adam_row_steps_off_is_stock_lazy_adam(monkeypatch):
     with pytest.raises(ValueError, match="adam_row_steps must be true or false"):
         from kvstore_lazy.server.declaration import LazySpec
         LazySpec.from_json({"key": 1, "rows": 4, "row_shape": [2], "init": '["zero", {}]', "adam_row_steps": 1})
+
+
+def test_a_rounds_new_rows_are_brought_once(monkeypatch):
+    """Both workers pull rows never stored, then push them: the rows are brought over the history once (kept for
+    the tick: server/keys/row_catchup.FreshRows), and the values are still stock's."""
+    from kvstore_lazy.numerics.catchup import History
+    job = Job(CASES["adam-wd"], True, 2)
+    _drive(job, 6)
+    job.round()                                   # (the tick moves on: nothing is kept from _drive's pulls)
+    brought = []
+    initial = History.initial
+    monkeypatch.setattr(History, "initial", lambda self, w, s: (brought.append(len(w)), initial(self, w, s))[1])
+    new = np.array([k for k in range(ROWS) if k not in job.pushed][:3])
+    for w in (job.w0, job.w1):
+        job.peer.values(w.rsp_pull(KEY, new))
+    g = job.rng.randn(len(new), DIM).astype(np.float32)
+    assert job.peer.send(job.w0.rsp_push(KEY, new, g)) == []
+    assert len(job.peer.send(job.w1.rsp_push(KEY, [], np.zeros((0, DIM))))) == 2
+    job.updater(KEY, _rsp(g, new), job.stock)
+    job.pushed.update(new.tolist())
+    assert brought == [len(new)]                  # the first pull's; the second pull and the push took them
+    job.check_all()

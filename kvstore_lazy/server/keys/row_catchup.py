@@ -3,7 +3,8 @@
 Owns: the key's :class:`~kvstore_lazy.numerics.catchup.History` (``history``: None until an optimizer with dense
 semantics is set for the key; kept from then on) and its rows' ``tick`` column; bringing rows to the current step
 before anything reads or writes them (:meth:`RowKeyCatchUp._bring_slots` for rows in the table, written back;
-:meth:`_bring_rows` for copies read from disk; :meth:`_initial_now` for rows never stored, left unstored); a push's
+:meth:`_bring_rows` for copies read from disk; :meth:`_initial_now` for rows never stored, left unstored, and kept
+for the tick in :class:`FreshRows`, so a round's pulls and push of new rows bring them once); a push's
 update of such a key (:meth:`_apply_dense`: the rows brought to the step before, the touched-row update stock's
 kernel does, the step's scalars recorded, the rows stamped); its pulls and checkpoint reads; a new optimizer
 (kController: stored rows finish the old optimizer's steps before their states restart at zero).
@@ -28,6 +29,59 @@ TICK = "tick"
 _f32 = np.dtype(np.float32)
 
 
+class FreshRows:
+    """Rows brought from their initial values to one tick, kept until the tick moves on: a round's pulls of rows
+    never stored, by every worker, and the push that then stores them would each bring the same rows over the
+    same steps again. A row is taken from here only if its values now are the initial values it was brought from
+    (bit for bit), at the same tick; at most LIMIT rows are kept."""
+
+    LIMIT = 1 << 18
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self, tick: int = -1) -> None:
+        """Keep nothing (the history changed, or the tick moved on to `tick`)."""
+        self.tick = tick
+        self.ids = np.zeros(0, np.uint64)
+        self.initial = self.weights = np.zeros((0, 0), _f32)
+        self.states: list[np.ndarray] = []
+
+    def take(self, tick: int, ids: np.ndarray, initial: np.ndarray, weights: np.ndarray,
+             states: list[np.ndarray]) -> np.ndarray:
+        """Rows `ids` (whose values are `initial`) found here are written into `weights` / `states`; the mask of
+        those found."""
+        if tick != self.tick or not len(self.ids) or not len(ids):
+            return np.zeros(len(ids), bool)
+        ids = np.asarray(ids, np.uint64)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        found = self.ids[at] == ids
+        found[found] = (self.initial[at[found]].view(np.uint32) == initial[found].view(np.uint32)).all(axis=1)
+        weights[found] = self.weights[at[found]]
+        for st, kept in zip(states, self.states):
+            st[found] = kept[at[found]]
+        return found
+
+    def keep(self, tick: int, ids: np.ndarray, initial: np.ndarray, weights: np.ndarray,
+             states: list[np.ndarray]) -> None:
+        if tick != self.tick:
+            self.clear(tick)
+        if not len(ids) or len(self.ids) + len(ids) > self.LIMIT:
+            return
+        if not len(self.ids):
+            self.initial, self.weights = np.zeros((0, initial.shape[1]), _f32), np.zeros((0, initial.shape[1]), _f32)
+            self.states = [np.zeros((0, initial.shape[1]), _f32) for _ in states]
+        ids = np.asarray(ids, np.uint64)
+        new = ~np.isin(ids, self.ids)
+        ids = np.concatenate([self.ids, ids[new]])
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.initial = np.concatenate([self.initial, initial[new]])[order]
+        self.weights = np.concatenate([self.weights, weights[new]])[order]
+        self.states = [np.concatenate([kept, st[new]])[order] for kept, st in zip(self.states, states)]
+
+
+
 class RowKeyCatchUp(RowKeyStates):
     """The key's dense semantics (see the module docstring)."""
 
@@ -44,10 +98,19 @@ class RowKeyCatchUp(RowKeyStates):
             self._start_history(History(rule, optimizer.num_states()))
             self._relayout_disk()           # the rows on disk get their tick column (0: as they are)
 
+    @property
+    def _fresh(self) -> FreshRows:
+        """The key's :class:`FreshRows` (made when first asked: most keys never have a history)."""
+        cache: FreshRows | None = getattr(self, "_fresh_rows", None)
+        if cache is None:
+            cache = self._fresh_rows = FreshRows()
+        return cache
+
     def _start_history(self, history: History) -> None:
         """Give the key a history and its table a tick column (every row at tick 0: at its values now)."""
         history.closed = self.closed_forms
         self.history = history
+        self._fresh.clear()
         rows = self._table.export()
         rows["columns"][TICK] = np.zeros(len(rows["row_ids"]), np.int64)
         self._table = self._new_table(self._table.dtype, self.num_states, rows, self._table.buckets)
@@ -65,6 +128,7 @@ class RowKeyCatchUp(RowKeyStates):
         else:
             self._bring_slots(np.arange(len(self._table), dtype=np.int64))
             self.history.new_optimizer(rule, optimizer.num_states())
+            self._fresh.clear()             # (a new era may keep the tick)
         super().reset_states(optimizer)     # zero states; the rows on disk through _relayout_rows
         self._stamp(np.arange(len(self._table), dtype=np.int64))
 
@@ -91,7 +155,26 @@ class RowKeyCatchUp(RowKeyStates):
             return
         at = slots[behind]
         weights, states = self._as_f32(self._table.weights(at)), [self._as_f32(s) for s in self._table.states(at)]
-        self.history.bring(weights, states, ticks[behind])
+        fresh = ticks[behind] == 0           # rows at their initial values a pull of this round may have brought
+        for st in states:
+            fresh &= ~st.view(np.uint32).any(axis=1)
+        if fresh.any():
+            part = np.flatnonzero(fresh)
+            w, s = weights[part], [st[part] for st in states]
+            found = self._fresh.take(self.history.tick, self._table.ids_at(at[part]), w.copy(), w, s)
+            weights[part], rest = w, np.ones(len(behind), bool)
+            for st, x in zip(states, s):
+                st[part] = x
+            rest[part[found]] = False
+            if rest.any():
+                keep = np.flatnonzero(rest)
+                w, s = weights[keep], [st[keep] for st in states]
+                self.history.bring(w, s, ticks[behind][keep])
+                weights[keep] = w
+                for st, x in zip(states, s):
+                    st[keep] = x
+        else:
+            self.history.bring(weights, states, ticks[behind])
         self._table.set_weights(at, weights.astype(self._table.dtype, copy=False))
         self._table.set_states(at, [s.astype(self._table.dtype, copy=False) for s in states])
         self._stamp(at)
@@ -115,8 +198,14 @@ class RowKeyCatchUp(RowKeyStates):
         weights = self._as_f32(self.initial_rows(row_ids))
         if self.dense():
             assert self.history is not None
+            initial, tick = weights.copy(), self.history.tick
             states = [np.zeros_like(weights) for _ in range(self.num_states)]
-            self.history.initial(weights, states)
+            miss = np.flatnonzero(~self._fresh.take(tick, row_ids, initial, weights, states))
+            if len(miss):
+                w, s = weights[miss], [st[miss] for st in states]
+                self.history.initial(w, s)
+                weights[miss] = w
+                self._fresh.keep(tick, row_ids[miss], initial[miss], w, s)
         return weights.astype(self._table.dtype, copy=False)
 
     def _stamp(self, slots: np.ndarray) -> None:
