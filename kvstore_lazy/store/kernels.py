@@ -4,11 +4,11 @@ lists (``kernels_index.c``, ``kernels_rows.c``, ``kernels_optim.c``, ``kernels_n
 through ctypes.
 
 Each kernel replaces a chain of whole-array numpy passes (and the temporaries between them) with one loop over the
-rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of two
-workers' row_sparse gradients, and the optimizer updates that read and write table rows in place. Float arithmetic
-follows the numpy reference in :mod:`kvstore_lazy.numerics.optimizers` operation by operation, and the library is
-built so
-that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths against MXNet).
+rows a request touches: hash probing for :class:`~kvstore_lazy.store.rows.RowIndex`, the sorted merge of a
+dist_sync round's row_sparse gradients, and the optimizer updates that read and write table rows in place. Float
+arithmetic follows the numpy reference in :mod:`kvstore_lazy.numerics.optimizers` operation by operation, and the
+library is built so that the compiler can't fuse or reorder it: results are bit-identical (the tests pin both paths
+against MXNet).
 
 Building. ``setup.py`` compiles the units into ``_kernels.so`` beside this file when the package is installed
 (``pip install .``, ``pip wheel .``; in place for ``pip install -e .``, which ``make venv`` runs), so the server
@@ -44,6 +44,7 @@ _SIGNATURES = {
     "index_remove_i32": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "index_remove_i64": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "merge_rows_f32": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "merge_round_f32": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
     "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
@@ -62,8 +63,8 @@ _SIGNATURES = {
     "catchup_rows": [_i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "count_values_i32": _i64,
-             "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
+_RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "merge_round_f32": _i64,
+             "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64}
 
 
@@ -198,6 +199,31 @@ def merge_rows(ids_a: np.ndarray, vals_a: np.ndarray, ids_b: np.ndarray,
     n = _lib.merge_rows_f32(_addr(ids_a), _addr(vals_a), len(ids_a), _addr(ids_b), _addr(vals_b), len(ids_b), cols,
                             _addr(ids), _addr(vals))
     return ids[:n], vals[:n]
+
+
+def merge_round(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A dist_sync round's merged gradient from its pushes (push j: sorted unique int64 ``ids[j]``, float32 rows
+    ``vals[j]``), in one pass over all their rows: what :func:`merge_rows` applied push after push gives, bit for bit
+    (each row summed over the pushes that have it in push order, ``((p0 + p1) + p2) + ...``; a row push 0 does not
+    have starts from ``0 + `` its first push's row). None unless every push's rows are float32 of one width (the
+    caller merges push after push). The arrays are only read."""
+    if not vals:
+        return None
+    cols = vals[0].shape[1]
+    if any(v.dtype != _F32 or v.ndim != 2 or v.shape[1] != cols for v in vals) or len(ids) != len(vals):
+        return None
+    ids = [np.ascontiguousarray(i, np.int64) for i in ids]
+    vals = [np.ascontiguousarray(v) for v in vals]
+    counts = np.array([len(i) for i in ids], np.int64)
+    if any(len(v) != c for v, c in zip(vals, counts)):
+        raise ValueError(f"pushes of {counts.tolist()} ids with {[len(v) for v in vals]} rows")
+    k, room = len(ids), int(counts.sum())
+    id_ptrs = (ctypes.c_void_p * k)(*(_addr(i) for i in ids))     # (the kernel's cursors: it moves them)
+    val_ptrs = (ctypes.c_void_p * k)(*(_addr(v) for v in vals))
+    out_ids, out = np.empty(room, np.int64), np.empty((room, cols), np.float32)
+    scratch = np.empty(12 * k, np.int64)
+    n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out), _addr(scratch))
+    return out_ids[:n], out[:n]
 
 
 CATCHUP_RULES = ("sgd", "sgd_mom", "nag", "signum", "signsgd", "rmsprop", "rmsprop_centered", "adam")

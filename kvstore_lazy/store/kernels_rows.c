@@ -1,6 +1,7 @@
 /* Rows in memory, one pass each (callers: the server's dist_sync rounds, RowTable's removals, the budget's passes).
  *
- * Owns: the sorted union of two workers' row_sparse gradients (merge_rows_f32), moving whole rows within an array
+ * Owns: the sorted union of two workers' row_sparse gradients (merge_rows_f32) and of a whole dist_sync round's
+ * (merge_round_f32), moving whole rows within an array
  * (move_rows) and the histogram of int32 scores (count_values_i32). Does not own: which rows, slots or scores
  * (kernels.py checks every slot and shape first).
  */
@@ -31,6 +32,72 @@ int64_t merge_rows_f32(const int64_t *ids_a, const float *a, int64_t na, const i
         k++;
     }
     return k;
+}
+
+/* Whether leaf a's next row comes before leaf b's: the smaller id, equal ids in push order (pushes with no rows
+ * left come last: id INT64_MAX, order k + their index). Without branches: which comes first is unpredictable. */
+static inline int64_t leaf_first(const int64_t *key, const int64_t *order, int64_t a, int64_t b) {
+    return (key[a] < key[b]) | ((key[a] == key[b]) & (order[a] < order[b]));
+}
+
+/* The merged gradient of a dist_sync round of k pushes in one pass: push j has n[j] rows of sorted unique ids[j],
+ * cols floats each at vals[j]. The sorted union of the ids; each row summed over the pushes that have it in push
+ * order, exactly as merge_rows_f32 applied push after push gives it: a row of push 0 starts as its copy, a row first
+ * pushed by push j > 0 as 0 + its row (-0.0 -> +0.0), and each later push's row is added to the sum, ((p0 + p1) +
+ * p2) + ... . A k-way merge over a tournament tree of the pushes' next rows (its losers kept at the inner nodes: the
+ * next row replays one leaf-to-root path, log2 k comparisons without branches): each pushed row is read once and each
+ * merged row written once, O(total rows x (cols + log k)), where merging push after push re-reads the growing union
+ * k - 1 times. ids[j] and vals[j] are the merge's cursors (each ends past its push's rows). scratch: room for 12k
+ * int64. ids_out/out have room for the sum of n rows (whatever the ids); returns the number of rows written. */
+int64_t merge_round_f32(int64_t k, const int64_t **ids, const float **vals, const int64_t *n, int64_t cols,
+                        int64_t *ids_out, float *out, int64_t *scratch) {
+    int64_t leaves = 1, total = 0, rows = 0;
+    while (leaves < k) leaves *= 2;
+    int64_t *left = scratch, *key = left + leaves, *order = key + leaves;    /* per leaf: rows left, next id, order */
+    int64_t *loser = order + leaves, *win = loser + leaves;                    /* per node */
+    for (int64_t j = 0; j < leaves; j++) {
+        left[j] = j < k ? n[j] : 0;
+        key[j] = left[j] > 0 ? ids[j][0] : INT64_MAX;
+        order[j] = left[j] > 0 ? j : k + j;
+        total += left[j];
+        win[leaves + j] = j;
+    }
+    for (int64_t node = leaves - 1; node >= 1; node--) {      /* the first tournament */
+        int64_t a = win[2 * node], b = win[2 * node + 1], first = leaf_first(key, order, a, b);
+        win[node] = first ? a : b;
+        loser[node] = first ? b : a;
+    }
+    size_t row = (size_t)cols * sizeof(float);
+    int64_t j = win[1];
+    for (int64_t done = 0; done < total; done++) {
+        int64_t id = key[j];
+        const float *v = vals[j];
+        if (rows == 0 || ids_out[rows - 1] != id) {      /* the row's first push */
+            float *o = out + rows * cols;
+            ids_out[rows++] = id;
+            if (j == 0) {
+                memcpy(o, v, row);
+            } else {
+                for (int64_t c = 0; c < cols; c++) o[c] = 0.0f + v[c];
+            }
+        } else {
+            float *o = out + (rows - 1) * cols;
+            for (int64_t c = 0; c < cols; c++) o[c] = o[c] + v[c];
+        }
+        vals[j] = v + cols;
+        if (--left[j] > 0) {
+            key[j] = *++ids[j];
+        } else {
+            key[j] = INT64_MAX;
+            order[j] = k + j;
+        }
+        for (int64_t node = (leaves + j) / 2; node >= 1; node /= 2) {   /* leaf j's path replayed */
+            int64_t other = loser[node], swap = leaf_first(key, order, other, j);
+            loser[node] = swap ? j : other;
+            j = swap ? other : j;
+        }
+    }
+    return rows;
 }
 
 /* Row dst[i] of an array of rows of `row_bytes` = row src[i] (a table's removal refilling its holes; no row is both

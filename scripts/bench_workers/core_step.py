@@ -7,6 +7,10 @@ CPU time per step (pull + push of both workers) after a warm-up, which is repeat
 end-to-end figures of ``make bench`` are not. Then the same for dense keys (both push, then both pull). For tuning
 the hot path; ``make bench`` holds the side-by-side tables.
 
+``--workers N``: N stock workers instead of two (a dist_sync round of N pushes, each of B rows; N=8 is the
+saturation scenario's); the row_sparse rows also split a step's CPU into its pulls, the round's first N-1 pushes
+and its last (the one that completes the round: the round's merge, the update, the N replies).
+
 ``--step``: the traffic of bench.py's "step" scenario (scripts/bench_workers/step.py, its quick preset: 4 features,
 embeddings D=16 Uniform and wide weights Zero, an MLP 64-256-128-1, Adam, 256 Zipf ids per feature and worker,
 dist_sync, one server) through the server core alone, with the CPU per step split by request kind: what of the
@@ -82,10 +86,11 @@ def zipf_rows(rng, input_dim: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
-def start(optimizer: str, materialize: str = "push", lifecycle: Settings | None = None):
+def start(optimizer: str, materialize: str = "push", lifecycle: Settings | None = None, num_workers: int = 2):
     import mxnet  # only for the optimizer pickle a stock worker sends
-    server = KVServer(0, 1, len(WORKERS), materialize=materialize, lifecycle=lifecycle)
-    workers = [Worker(n) for n in WORKERS]
+    server = KVServer(0, 1, num_workers, materialize=materialize, lifecycle=lifecycle)
+    workers = [Worker(n) for n in WORKERS] + [Worker(9 + 2 * rank) for rank in range(len(WORKERS), num_workers)]
+    workers = workers[:num_workers]   # (stock workers' node ids: 9, 11, 13, ...)
 
     def handle(msg: Message) -> None:
         for _, reply in server.handle(msg):
@@ -127,26 +132,33 @@ def lifecycle_of(text: str) -> tuple[Settings | None, dict]:
 
 
 def run(optimizer: str, input_dim: int, dim: int, batch: int, steps: int, warmup: int,
-        materialize: str = "push", lifecycle: str = "none") -> dict:
+        materialize: str = "push", lifecycle: str = "none", num_workers: int = 2) -> dict:
     settings, policy = lifecycle_of(lifecycle)
-    server, workers, handle = start(optimizer, materialize, settings)
+    server, workers, handle = start(optimizer, materialize, settings, num_workers)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (input_dim, dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1, **policy)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, dim), np.float32)))
     rng = np.random.default_rng(0)
     batches = [[zipf_rows(rng, input_dim, batch) for _ in workers] for _ in range(warmup + steps)]
     grads = [rng.standard_normal((batch, dim)).astype(np.float32) for _ in workers]
-    cpu = []
+    cpu, parts = [], np.zeros(3)    # parts: the pulls, the first N-1 pushes, the last push (the round's end)
     for step, ids in enumerate(batches):
         t = time.process_time()
         for w, rows in zip(workers, ids):
             handle(w.rows(rows, None))
-        for w, rows, grad in zip(workers, ids, grads):
+        t1 = time.process_time()
+        for w, rows, grad in zip(workers[:-1], ids, grads):
             handle(w.rows(rows, grad))
+        t2 = time.process_time()
+        handle(workers[-1].rows(ids[-1], grads[-1]))
+        t3 = time.process_time()
         if step >= warmup:
-            cpu.append(time.process_time() - t)
+            cpu.append(t3 - t)
+            parts += (t1 - t, t2 - t1, t3 - t2)
+    pulls, pushes, last = 1e3 * parts / steps
     return {"optimizer": optimizer, "batch": batch, "rows": server.stats()["sparse"][str(KEY)]["rows"],
-            "cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu))}
+            "cpu_ms_per_step": 1e3 * float(np.mean(cpu)), "cpu_ms_p50": 1e3 * float(np.median(cpu)),
+            "pulls_ms": pulls, "pushes_ms": pushes, "last_push_ms": last}
 
 
 def run_small(optimizer: str, repeat: int) -> dict:
@@ -255,6 +267,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1024, 8192])
     parser.add_argument("--optimizer", nargs="+", default=["sgd", "adam"])
     parser.add_argument("--dense", nargs="*", default=["2x3", "1000x1000"], help="dense shapes (push+pull rounds)")
+    parser.add_argument("--workers", type=int, default=len(WORKERS), help="stock workers (a dist_sync round's pushes)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--small", type=int, default=2000, help="requests per small-request row (0: skip)")
@@ -282,14 +295,17 @@ def main() -> None:
     if args.only_small:
         return
     print(f"{'optimizer':<10} {'policy':>7} {'lifecycle':>18} {'B':>6} {'rows stored':>12} {'CPU ms/step':>12} "
-          f"{'p50':>8}")
+          f"{'p50':>8} {'pulls':>8} {'pushes':>8} {'last':>8}   ({args.workers} workers; pushes: the round's first "
+          f"{args.workers - 1}, last: the one that ends it)")
     for optimizer in args.optimizer:
         for batch in args.batch:
             for policy in args.materialize:
                 for lifecycle in args.lifecycle:
-                    r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy, lifecycle)
+                    r = run(optimizer, args.input_dim, args.dim, batch, args.steps, args.warmup, policy, lifecycle,
+                            args.workers)
                     print(f"{optimizer:<10} {policy:>7} {lifecycle:>18} {batch:>6} {r['rows']:>12,} "
-                          f"{r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f}")
+                          f"{r['cpu_ms_per_step']:>12.2f} {r['cpu_ms_p50']:>8.2f} {r['pulls_ms']:>8.2f} "
+                          f"{r['pushes_ms']:>8.2f} {r['last_push_ms']:>8.2f}")
     print(f"\n{'optimizer':<10} {'dense':>10} {'CPU ms/round':>13} {'p50':>8}   (2 pushes + 2 pulls)")
     for optimizer in args.optimizer:
         for text in args.dense:

@@ -97,16 +97,22 @@ class RowSparseKey(RowKeySnapshots):
         return request.local_ids, values
 
     @staticmethod
-    def merge(merged, grad: tuple[np.ndarray, np.ndarray], count: int) -> tuple[np.ndarray, np.ndarray]:
-        local_ids, values = grad
-        if count == 0:
-            return grad              # the message's arrays, never written: merge_rows sums into new ones
-        if len(local_ids) == 0:
-            return merged
-        got = _merge_rows(merged[0], merged[1], local_ids, values)   # kernels.merge_rows in one compiled call
-        if got is None:
-            return kernels.merge_rows(merged[0], merged[1], local_ids, values)
-        return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.float32).reshape(-1, values.shape[1])
+    def merge(pushes: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """A dist_sync round's merged gradient from its pushes (in arrival order; their arrays, never written), in
+        one compiled pass over all their rows (``kernels.merge_round``): each row summed over the pushes that have it
+        in arrival order, ``((p1 + p2) + p3) + ...`` in float32, as stock's merge buffer adds each push when it comes
+        (and as merging push after push did, re-reading the growing union N - 1 times a round)."""
+        first = pushes[0]
+        if all(len(local_ids) == 0 for local_ids, _ in pushes[1:]):
+            return first             # the message's arrays, never written: the update reads them
+        got = kernels.merge_round([local_ids for local_ids, _ in pushes], [values for _, values in pushes])
+        if got is not None:
+            return got
+        merged = first               # rows of another dtype: push after push (kernels.merge_rows' numpy merge)
+        for local_ids, values in pushes[1:]:
+            if len(local_ids):
+                merged = kernels.merge_rows(merged[0], merged[1], local_ids, values)
+        return merged
 
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True) -> None:
         """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the

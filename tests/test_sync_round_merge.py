@@ -1,0 +1,109 @@
+"""A row_sparse dist_sync round merged once when it completes (issue 33): the same bits as merging push after push
+(each row summed in arrival order, as stock's merge buffer does), in one pass over the rows pushed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore_lazy.server.keys import RowSparseKey, SyncRound
+from kvstore_lazy.store import kernels
+
+
+def pairwise(pushes):
+    """The merge as it was: push after push into the union so far (kernels.merge_rows, a + b)."""
+    merged = pushes[0]
+    for ids, vals in pushes[1:]:
+        if len(ids):
+            merged = kernels.merge_rows(merged[0], merged[1], ids, vals)
+    return merged
+
+
+def by_row(pushes):
+    """Each row's float32 sum in arrival order: push 1's row as it is, a row first pushed later as 0 + it."""
+    rows: dict[int, np.ndarray] = {}
+    for j, (ids, vals) in enumerate(pushes):
+        for i, row in zip(ids.tolist(), vals):
+            rows[i] = rows[i] + row if i in rows else (row.copy() if j == 0 else np.float32(0) + row)
+    order = sorted(rows)
+    return np.array(order, np.int64), np.array([rows[i] for i in order], np.float32).reshape(len(order), -1)
+
+
+def same(got, want):
+    """The same ids and the same bits (-0.0, inf, denormals), NaN for NaN: which of two NaNs a sum keeps (its sign
+    and payload) is the compiler's choice of operand order (C's + commutes), in the pairwise kernel too."""
+    assert got[0].tolist() == want[0].tolist()
+    assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape
+    nan = np.isnan(got[1])
+    assert np.array_equal(nan, np.isnan(want[1]))
+    assert got[1][~nan].tobytes() == want[1][~nan].tobytes()
+
+
+def push(ids, vals, dtype=np.float32, cols=-1):
+    return np.array(ids, np.int64), np.array(vals, dtype).reshape(len(ids), cols)
+
+
+def test_a_round_sums_each_row_in_arrival_order():
+    big = 1e8   # float32: (big + 1) - big == 0, (big - big) + 1 == 1
+    pushes = [push([1, 2, 5], [[big, -0.0], [1.0, 2.0], [-0.0, 3.0]]),
+              push([1, 3], [[1.0, 0.5], [-0.0, 7.0]]),
+              push([1, 2, 3], [[-big, 0.25], [big, 1e-40], [1.0, -7.0]]),
+              push([], [], cols=2), push([2, 4], [[-big, 1.0], [-0.0, 1.0]])]
+    got = RowSparseKey.merge(pushes)
+    same(got, by_row(pushes))
+    same(got, pairwise(pushes))
+    assert got[1][0, 0] == 0.0                          # (big + 1) - big, not (big - big) + 1
+    assert np.signbit(got[1][4, 0]) and not np.signbit(got[1][3, 0])   # -0.0 of push 1 kept; later 0 + -0.0
+    assert RowSparseKey.merge([pushes[0], pushes[2], pushes[1]])[1][0, 0] == 1.0   # (big - big) + 1: order decides
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rounds_are_the_pairwise_merge_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    k, cols = int(rng.integers(1, 10)), int(rng.integers(1, 6))
+    pushes = []
+    for _ in range(k):
+        n = int(rng.integers(0, 40)) if rng.random() > 0.2 else 0
+        ids = np.sort(rng.choice(60, n, replace=False)).astype(np.int64)
+        vals = rng.choice(np.float32([0.0, -0.0, 1.5, -2.25, 1e-40, 3e38, np.inf, np.nan, 1e8, -1e8]), (n, cols))
+        pushes.append((ids, (vals * rng.standard_normal((n, cols))).astype(np.float32)))
+    same(RowSparseKey.merge(pushes), pairwise(pushes))
+
+
+def test_other_dtypes_merge_push_after_push():
+    pushes = [push([0, 2], [[1.5], [2.5]], np.float16), push([1, 2], [[3.0], [4.0]], np.float16),
+              push([0], [[0.125]], np.float16)]
+    same(RowSparseKey.merge(pushes), pairwise(pushes))
+
+
+def test_a_round_is_one_pass_over_the_rows_pushed(monkeypatch):
+    """N pushes: nothing merged until the last (the round holds the pushes' own arrays), then one call over each
+    push's rows once (the rows read: the sum of the pushes' rows, not N - 1 passes over the growing union); a
+    mid-round read merges what came so far."""
+    calls = []
+    merge_round = kernels.merge_round
+    monkeypatch.setattr(kernels, "merge_round", lambda ids, vals: calls.append([len(i) for i in ids]) or
+                        merge_round(ids, vals))
+    monkeypatch.setattr(kernels, "merge_rows", lambda *a: pytest.fail("a pairwise merge"))
+    rng = np.random.default_rng(7)
+    pushes = [(np.sort(rng.choice(1000, 300, replace=False)).astype(np.int64),
+               rng.standard_normal((300, 4)).astype(np.float32)) for _ in range(8)]
+    rnd = SyncRound()
+    for i, grad in enumerate(pushes[:-1]):
+        assert rnd.add(f"request {i}", grad, RowSparseKey.merge, len(pushes)) is None
+    assert calls == [] and all(kept is grad for kept, grad in zip(rnd.pushes, pushes))   # the pushes' arrays, no copy
+    same(rnd.merged, by_row(pushes[:-1]))               # what inspect() and snapshots' checks read mid-round
+    assert calls == [[300] * 7] and len(rnd.pushes) == 7 and rnd.pending
+    calls.clear()
+    merged, requests = rnd.add("last", pushes[-1], RowSparseKey.merge, len(pushes))
+    assert calls == [[300] * 8]                         # one pass: 8 x 300 rows, each read once
+    assert requests == [f"request {i}" for i in range(7)] + ["last"]
+    same(merged, by_row(pushes))
+    assert not rnd.pending and rnd.pushes == [] and rnd.merged is None
+
+
+def test_a_round_of_one_push_or_of_empty_pushes_is_the_first_push():
+    first = push([3, 4], [[1.0], [-0.0]])
+    empty = (np.zeros(0, np.int64), np.zeros((0, 1), np.float32))
+    assert RowSparseKey.merge([first]) is first
+    assert RowSparseKey.merge([first, empty, empty]) is first
+    same(RowSparseKey.merge([empty, first]), pairwise([empty, first]))   # 0 + -0.0: as before
