@@ -20,7 +20,7 @@ import numpy as np
 
 from kvstore_lazy.numerics.catchup.base import ZeroRule
 from kvstore_lazy.numerics.catchup.steplog import StepLog
-from kvstore_lazy.store import kernels
+import kvstore_lazy.store.kernels as kernels
 
 
 def replay_cost(last: np.ndarray, upto: int) -> tuple[int, int]:
