@@ -12,14 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvstore_lazy.numerics.optimizers import Adam, Optimizer, adam_row_steps_update
-from kvstore_lazy.protocol.fast import native
 from kvstore_lazy.protocol.kv import BadRequest, DataRequest
 from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.server.keys.row_snapshot import RowKeySnapshots
 from kvstore_lazy.server.lifecycle import Lifecycle
 from kvstore_lazy.store import kernels
 
-_merge_rows = native.merge_rows   # (its kernel's address comes from optimizers, imported above)
 
 
 class RowSparseKey(RowKeySnapshots):
