@@ -81,7 +81,6 @@ class FreshRows:
         self.states = [np.concatenate([kept, st[new]])[order] for kept, st in zip(self.states, states)]
 
 
-
 class RowKeyCatchUp(RowKeyStates):
     """The key's dense semantics (see the module docstring)."""
 
@@ -158,23 +157,23 @@ class RowKeyCatchUp(RowKeyStates):
         fresh = ticks[behind] == 0           # rows at their initial values a pull of this round may have brought
         for st in states:
             fresh &= ~st.view(np.uint32).any(axis=1)
-        if fresh.any():
+        rest = np.ones(len(behind), bool)
+        if fresh.any():                      # taken from what this round's pulls brought, where they did
             part = np.flatnonzero(fresh)
             w, s = weights[part], [st[part] for st in states]
-            found = self._fresh.take(self.history.tick, self._table.ids_at(at[part]), w.copy(), w, s)
-            weights[part], rest = w, np.ones(len(behind), bool)
+            rest[part[self._fresh.take(self.history.tick, self._table.ids_at(at[part]), w.copy(), w, s)]] = False
+            weights[part] = w
             for st, x in zip(states, s):
                 st[part] = x
-            rest[part[found]] = False
-            if rest.any():
-                keep = np.flatnonzero(rest)
-                w, s = weights[keep], [st[keep] for st in states]
-                self.history.bring(w, s, ticks[behind][keep])
-                weights[keep] = w
-                for st, x in zip(states, s):
-                    st[keep] = x
-        else:
+        if rest.all():
             self.history.bring(weights, states, ticks[behind])
+        elif rest.any():
+            keep = np.flatnonzero(rest)
+            w, s = weights[keep], [st[keep] for st in states]
+            self.history.bring(w, s, ticks[behind][keep])
+            weights[keep] = w
+            for st, x in zip(states, s):
+                st[keep] = x
         self._table.set_weights(at, weights.astype(self._table.dtype, copy=False))
         self._table.set_states(at, [s.astype(self._table.dtype, copy=False) for s in states])
         self._stamp(at)
