@@ -82,20 +82,11 @@ def _mxnet_dense(mx, make, case, numerics):
     return out
 
 
-def _mxnet_sparse(mx, make, numerics):
+def _mxnet_sparse(mx, make, numerics, data=None):
+    """MXNet's updater over a row_sparse weight holding every row, fed the rounds of server_numerics.sparse_data
+    (or `data`: catchup_data, whose optimizers move every row every step)."""
     updater = mx.optimizer.get_updater(make())
-    initial, steps = numerics.sparse_data()
-    shape = (numerics.ROWS, numerics.COLS)
-    weight = mx.nd.sparse.row_sparse_array((initial, np.arange(numerics.ROWS)), shape=shape)
-    for idx, grad in steps:
-        updater(numerics.SPARSE_KEY, mx.nd.sparse.row_sparse_array((grad, idx), shape=shape), weight)
-    return {"w": weight.asnumpy(), **{f"s{i}": s for i, s in enumerate(_states(updater.states[numerics.SPARSE_KEY]))}}
-
-
-def _mxnet_every_row(mx, make, numerics):
-    """MXNet's updater over every row of a row_sparse weight, fed server_numerics.catchup_data's rounds."""
-    updater = mx.optimizer.get_updater(make())
-    initial, steps = numerics.catchup_data()
+    initial, steps = (data or numerics.sparse_data)()
     shape = (numerics.ROWS, numerics.COLS)
     weight = mx.nd.sparse.row_sparse_array((initial, np.arange(numerics.ROWS)), shape=shape)
     for idx, grad in steps:
@@ -143,7 +134,7 @@ def test_server_arithmetic_is_bit_identical_to_mxnet_and_to_this_numpy(tmp_path)
                 assert _same_bits(theirs[f"sparse/{case}/{how}/{name}"], want), f"sparse {case} {how} {name}"
                 against_mxnet += 1
     for case, make in EVERY_ROW_CASES.items():
-        for name, want in _mxnet_every_row(mx, make, numerics).items():
+        for name, want in _mxnet_sparse(mx, make, numerics, numerics.catchup_data).items():
             assert _same_bits(theirs[f"catchup/{case}/{name}"], want), f"catchup {case} {name}"
             against_mxnet += 1
     assert against_mxnet > 290
