@@ -241,6 +241,3 @@ class History:
                 raise ValueError("a key's step history has eras out of order")
             history.eras.append(era)
         return history
-
-    def same_as(self, other: History) -> bool:
-        return self.to_json() == other.to_json()

@@ -134,11 +134,9 @@ class RowKeyCatchUp(RowKeyStates):
     def _relayout_rows(self, rows: dict) -> None:
         """A chunk of the rows on disk, as the table's layout changes: brought to the current tick (a new era's
         reset included), stamped."""
-        columns = rows["columns"]
         if self.history is None:
             return
-        if TICK not in columns:
-            columns[TICK] = np.zeros(len(rows["row_ids"]), np.int64)
+        rows["columns"].setdefault(TICK, np.zeros(len(rows["row_ids"]), np.int64))
         self._bring_rows(rows)
 
     # -- bringing rows
@@ -154,26 +152,19 @@ class RowKeyCatchUp(RowKeyStates):
             return
         at = slots[behind]
         weights, states = self._as_f32(self._table.weights(at)), [self._as_f32(s) for s in self._table.states(at)]
-        fresh = ticks[behind] == 0           # rows at their initial values a pull of this round may have brought
+        ticks = ticks[behind]
+        fresh = ticks == 0                   # rows at their initial values a pull of this round may have brought
         for st in states:
             fresh &= ~st.view(np.uint32).any(axis=1)
-        rest = np.ones(len(behind), bool)
-        if fresh.any():                      # taken from what this round's pulls brought, where they did
+        if fresh.any():                      # those it did are taken from it, already at the current tick
             part = np.flatnonzero(fresh)
             w, s = weights[part], [st[part] for st in states]
-            rest[part[self._fresh.take(self.history.tick, self._table.ids_at(at[part]), w.copy(), w, s)]] = False
+            ticks[part[self._fresh.take(self.history.tick, self._table.ids_at(at[part]), w.copy(), w, s)]] = \
+                self.history.tick
             weights[part] = w
             for st, x in zip(states, s):
                 st[part] = x
-        if rest.all():
-            self.history.bring(weights, states, ticks[behind])
-        elif rest.any():
-            keep = np.flatnonzero(rest)
-            w, s = weights[keep], [st[keep] for st in states]
-            self.history.bring(w, s, ticks[behind][keep])
-            weights[keep] = w
-            for st, x in zip(states, s):
-                st[keep] = x
+        self.history.bring(weights, states, ticks)
         self._table.set_weights(at, weights.astype(self._table.dtype, copy=False))
         self._table.set_states(at, [s.astype(self._table.dtype, copy=False) for s in states])
         self._stamp(at)
