@@ -13,6 +13,8 @@
     compaction  which sealed segments are compacted, and the compaction of one
     verify      every committed record checked; the one report of a damaged record
     commit      the commit point (index.npz) and the loading of the last commit
+    runs        the index out of RAM: a memtable over sorted runs on disk (an LSM index; not yet wired in)
+    runfile     one run file of it: blocks, fences, bloom filter, footer; its writer, its reader; the merge
 
 Callers import from :mod:`kvstore_lazy.store.segments`, which re-exports the names they use.
 """
