@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kvstore_lazy.server.lifecycle import Settings
+from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH
 from kvstore_lazy.store import tier as tier_module
 from kvstore_lazy.store.segments import DenseIndex
 from test_lifecycle import KEY, ROWS, key_stats, server, streams, sync_round
@@ -333,3 +334,33 @@ def test_a_budget_the_disk_index_outgrows_is_named_as_the_cause(tmp_path, caplog
     assert "by what no budget pass can move: the disk tier's index of its rows on disk, " in said[0]
     assert "raise KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk" in said[0]
     assert "not declared lazy" not in said[0]
+
+
+def test_a_checkpoint_read_of_rows_on_disk_reads_a_chunk_at_a_time_and_promotes_none(tmp_path, monkeypatch):
+    """A worker checkpoint pulls every row, far more than the budget holds: the rows on disk are read in place, at
+    most READ_CHUNK records at once (not a record per row asked for), none promoted; values and states as stored."""
+    monkeypatch.setattr(tier_module, "READ_CHUNK", 64)
+    monkeypatch.setattr(tier_module, "CACHE_ROWS", 64)
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path))
+    peer, workers = server(settings=settings, materialize=MATERIALIZE_ON_PUSH)
+    for step, per_worker in enumerate(streams(rounds=30, span=20_000, batch=100)):
+        sync_round(peer, workers, per_worker, step)
+    entry = peer.server.keys[KEY]
+    assert len(entry.disk) > 4 * 64
+    stored = entry.all_rows()
+    ids = stored["row_ids"].astype(np.int64)
+    sizes: list[int] = []
+    get_records = entry.disk.store.get_records
+
+    def counted(row_ids):
+        sizes.append(len(row_ids))
+        return get_records(row_ids)
+
+    monkeypatch.setattr(entry.disk.store, "get_records", counted)
+    before = (len(entry._table), len(entry.disk), entry.disk.counters["promoted"])
+    values = peer.values(workers[0].rsp_pull(KEY, ids))
+    states = entry.state_rows(stored["row_ids"], 0)
+    assert (len(entry._table), len(entry.disk), entry.disk.counters["promoted"]) == before
+    assert values.tobytes() == stored["weights"].tobytes()
+    assert states.tobytes() == stored["states"][0].tobytes()
+    assert sizes and max(sizes) <= 64, sizes

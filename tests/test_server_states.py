@@ -287,3 +287,29 @@ def test_restore_states_refuses_row_ids_outside_the_key():
     saved = {"kind": "row_sparse", "row_ids": np.array([1, 12]), "states": [np.zeros((2, DIM))]}
     with pytest.raises(ValueError, match="saved row ids must be within the key's 10 rows"):
         restore_states(None, KEY, (10, DIM), saved)     # before it sends anything
+
+
+def test_any_piece_of_a_listing_or_of_a_flat_state_is_the_same_rows_of_the_whole():
+    """A checkpoint reads a large key's listing and states piece by piece; the server builds only the rows asked
+    for, so every piece (contiguous or not, with or without the header) must be those rows of the whole."""
+    w = Requests(WORKER0)
+    server = KVServer(0, 1, 1)
+    call(server, w.command(proto.CONTROLLER, pickle.dumps(mxnet.optimizer.create("adam", learning_rate=0.1), 0)))
+    call(server, w.command(proto.LAZY_DECLARE, lazy_spec_body(KEY, (1000, DIM), "float32", '["uniform", {}]', 3)))
+    call(server, w.rsp_push(KEY, [], np.zeros((0, DIM))))
+    ids = np.arange(3, 1000, 5)                      # 200 rows: 4 listing rows (the last padded), 10 state rows
+    call(server, w.rsp_push(KEY, ids, np.ones((len(ids), DIM))))
+    call(server, w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))
+    whole = rows_of(call(server, w.rsp_pull(proto.ROWS_HEADER_KEY, range(5), F64)), np.float64)
+    np.testing.assert_array_equal(whole[1:].reshape(-1)[:len(ids)], ids)
+    assert (whole[1:].reshape(-1)[len(ids):] == -1).all()
+    for piece in ([0], [4], [1, 2], [0, 2, 4], [3], [2, 3, 4]):
+        got = rows_of(call(server, w.rsp_pull(proto.ROWS_HEADER_KEY, piece, F64)), np.float64)
+        np.testing.assert_array_equal(got, whole[piece])
+    states = rows_of(call(server, w.rsp_pull(proto.flat_state_key(0), range(10), F32)), np.float32)
+    for piece in ([0], [9], [2, 3, 4], [1, 5, 9], [0, 9]):
+        got = rows_of(call(server, w.rsp_pull(proto.flat_state_key(0), piece, F32)), np.float32)
+        np.testing.assert_array_equal(got, states[piece])
+    assert server.bad_requests == 0
+    call(server, w.rsp_pull(proto.ROWS_HEADER_KEY, [4, 5], F64))      # beyond the listing: refused
+    assert server.bad_requests == 1

@@ -270,7 +270,7 @@ def reply(sender: int, meta: Meta, kv: KVPairs | None = None) -> tuple[int, Mess
     return sender, Message(_response_meta(meta, data_type), data)
 
 
-def pull_answer(sender: int, meta: Meta, keys: bytes | memoryview, payload: bytes,
+def pull_answer(sender: int, meta: Meta, keys: bytes | memoryview, payload: bytes | memoryview,
                 lens: bytes) -> tuple[int, Message]:
     """reply() with keys (the request's keys frame, at least one key), `payload` and `lens` (int32 bytes, one per
     key): the frames KVPairs.frames() lays out, built directly (a pull's answer is the server's most frequent
@@ -278,7 +278,7 @@ def pull_answer(sender: int, meta: Meta, keys: bytes | memoryview, payload: byte
     return sender, Message(_response_meta(meta, list(_PULL_ANSWER_TYPES)), [keys, payload, lens])
 
 
-def _values_reply(request: DataRequest, payload: bytes, lens: bytes) -> tuple[int, Message]:
+def _values_reply(request: DataRequest, payload: bytes | memoryview, lens: bytes) -> tuple[int, Message]:
     return pull_answer(request.sender, request.meta, request.keys.tobytes(), payload, lens)
 
 
@@ -290,7 +290,7 @@ def value_reply(request: DataRequest, payload: bytes) -> tuple[int, Message]:
     return _values_reply(request, payload, _I32.pack(len(payload)))
 
 
-def rows_reply(request: DataRequest, payload: bytes, row_size: int) -> tuple[int, Message]:
+def rows_reply(request: DataRequest, payload: bytes | memoryview, row_size: int) -> tuple[int, Message]:
     """A row_sparse pull's answer: the keys back, the rows, lens in elements with 0 for the master key (as the stock
     server sends them)."""
     return _values_reply(request, payload, _LEN_0 + _I32.pack(row_size) * (len(request.keys) - 1))

@@ -131,11 +131,14 @@ class FastPath:
         if got is None:
             return None
         payload, lens, missing, missing_ids = got
+        del got
         if entry.disk is not None:    # the tier's hit rate counts the rows found in memory here too
             entry.disk.count(hits=(len(raw) - len(missing_ids or b"")) // 8 - 1)
         if missing_ids is None:
             self.partial += missing is not None
         else:
+            if len(missing_ids) == len(raw) - 8:    # none of them was in the table: the gathered payload goes
+                payload = None                      # before the key makes the rows (one reply's bytes at once)
             payload = self._missing_rows(msg, raw, key, entry, store, payload, missing, missing_ids)
             self.partial += 1
         return payload, lens
@@ -147,7 +150,7 @@ class FastPath:
         local_ids = np.frombuffer(missing_ids, np.int64)
         values = entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin, local_ids), store=store,
                             known_absent=True)
-        if len(local_ids) * 8 == len(raw) - 8:
+        if payload is None:
             return values          # none of them was in the table
         rows = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size)
         rows[np.frombuffer(missing, np.int64)] = np.frombuffer(values, np.float32).reshape(-1, entry.row_size)

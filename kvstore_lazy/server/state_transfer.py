@@ -23,6 +23,7 @@ from kvstore_lazy.protocol import mxnet as mx
 from kvstore_lazy.protocol.kv import BadRequest, DataRequest, RowsHeader
 from kvstore_lazy.protocol.message import Message
 from kvstore_lazy.server.keys import DenseKey, RowSparseKey
+from kvstore_lazy.server.keys.row_sparse import reply_bytes
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
 MAX_ALIASES = 64        # string-key names of the (nine) virtual keys
@@ -118,19 +119,34 @@ class StateTransfer:
         if key == mx.ROWS_HEADER_KEY:
             if request.dtype != np.float64:
                 raise BadRequest(key, "the row-listing key is float64")
-            padded = np.full(_chunks(len(ids)) * mx.ROWS_WIDTH, -1.0)
-            padded[:len(ids)] = ids
-            table = np.concatenate([self._header(queried, ids).row(), padded.reshape(-1, mx.ROWS_WIDTH)])
-            if len(request.local_ids) and int(request.local_ids[-1]) >= len(table):
-                raise BadRequest(key, f"row-listing row {int(request.local_ids[-1])} beyond the {len(table)} this "
-                                      f"server has")
-            rows = table[request.local_ids]
+            rows = self._listing_rows(request, key, queried, ids)
         elif mx.is_flat_state_key(key):
             rows = self._flat_state_rows(request, key, queried, ids)
         else:
             raise BadRequest(key, "pull of an unknown virtual key")
-        payload = rows.astype(request.dtype, copy=False).tobytes()
-        return wire.rows_reply(request, payload, rows.shape[1] if rows.ndim == 2 else 0)
+        return wire.rows_reply(request, reply_bytes(rows, request.dtype), rows.shape[1] if rows.ndim == 2 else 0)
+
+    def _listing_rows(self, request: DataRequest, key: int, queried: int, ids: np.ndarray) -> np.ndarray:
+        """Rows of the listing key asked for: row 0 the header, row 1 + c the listed ids c * ROWS_WIDTH ... (as
+        float64, padded with -1). Only the rows asked for are built, never the whole listing: a checkpoint reads a
+        large key's listing piece by piece."""
+        local_ids = request.local_ids
+        total = 1 + _chunks(len(ids))
+        if len(local_ids) and int(local_ids[-1]) >= total:
+            raise BadRequest(key, f"row-listing row {int(local_ids[-1])} beyond the {total} this server has")
+        rows = np.empty((len(local_ids), mx.ROWS_WIDTH))
+        header = local_ids == 0
+        if header.any():
+            rows[header] = self._header(queried, ids).row()
+        listed = np.flatnonzero(~header)
+        if len(listed):
+            chunk = local_ids[listed].astype(np.int64) - 1
+            first, last = int(chunk.min()), int(chunk.max())
+            window = np.full((last - first + 1) * mx.ROWS_WIDTH, -1.0)
+            part = ids[first * mx.ROWS_WIDTH:(last + 1) * mx.ROWS_WIDTH]
+            window[:len(part)] = part
+            rows[listed] = window.reshape(-1, mx.ROWS_WIDTH)[chunk - first]
+        return rows
 
     def _state_target(self, vkey: int, queried: int, ids: np.ndarray) -> tuple[DenseKey | RowSparseKey, int]:
         """(key object, number of state values this server holds for the query) of a flat-state request."""
@@ -166,6 +182,9 @@ class StateTransfer:
             raise BadRequest(vkey, str(exc).strip("'\"")) from None
         window = np.zeros((last - first + 1) * mx.ROWS_WIDTH, np.float32)
         window[:len(flat)] = flat
+        del flat
+        if len(request.local_ids) == last - first + 1:     # every row of the window (sorted, unique: checked)
+            return window.reshape(-1, mx.ROWS_WIDTH)
         return window.reshape(-1, mx.ROWS_WIDTH)[request.local_ids - first]
 
     def push(self, request: DataRequest, key: int) -> tuple[int, Message]:

@@ -37,6 +37,7 @@ DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion
                                 # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
+READ_CHUNK = 1 << 15            # records a read of many rows (a checkpoint's piece) holds at once (read_field)
 _FIXED: list = []
 
 
@@ -396,18 +397,40 @@ class DiskTier:
     def read_weights(self, row_ids, out: np.ndarray, at: np.ndarray) -> None:
         """:meth:`read`'s weights only, straight into rows ``at`` of ``out`` (a C-contiguous (n, row_size) array
         of the table's dtype: a pull's reply), the records kept as :meth:`read` keeps them."""
+        self.read_field(row_ids, "w", out, at)
+
+    @_fatal
+    def read_field(self, row_ids, field: str, out: np.ndarray, at: np.ndarray) -> None:
+        """One part of rows on disk (all present): ``field`` of their payload (``"w"``, ``"s0"``, ...), straight into
+        rows ``at`` of ``out`` (C-contiguous, (n, row_size), the table's dtype). A read of at most CACHE_ROWS rows
+        keeps their records as :meth:`read` does; a larger one (a checkpoint's piece) is read READ_CHUNK records at
+        a time and keeps none, so its transient is a chunk's records, not a record per row asked for."""
         ids = as_row_ids(row_ids)
         at = np.asarray(at, np.int64)
-        w = self.store.record_dtype.fields["payload"][1] + self.record.fields["w"][1]
+        w = self.store.record_dtype.fields["payload"][1] + self.record.fields[field][1]
         cached, cached_records = self._cache.find(self.store.version, ids)
         if cached.any():               # kept by a promotion that did not admit them, or an earlier read
             kernels.scatter_fields(cached_records, at[cached], [(out, w)])
             ids, at = ids[~cached], at[~cached]
             if not len(ids):
                 return
+        del cached_records
+        if len(ids) > CACHE_ROWS:      # more than the cache keeps (as RecordCache.add would: none of them)
+            self._cache.clear()
+            for lo in range(0, len(ids), READ_CHUNK):
+                order, records = self.store.get_records(ids[lo:lo + READ_CHUNK])
+                kernels.scatter_fields(records, at[lo:lo + READ_CHUNK][order], [(out, w)])
+                del records
+            return
         order, records = self.store.get_records(ids)
         self._cache.add(self.store.version, ids[order], records)
         kernels.scatter_fields(records, at[order], [(out, w)])
+
+    def read_pieces(self, row_ids):
+        """:meth:`read` of many rows, READ_CHUNK at a time: ``(lo, rows)`` for ``row_ids[lo:lo + READ_CHUNK]``
+        (a caller that needs whole rows, not one part: its transient is a chunk's, not all of them at once)."""
+        for lo in range(0, len(row_ids), READ_CHUNK):
+            yield lo, self.read(row_ids[lo:lo + READ_CHUNK])
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""

@@ -264,9 +264,10 @@ class RowKeyCatchUp(RowKeyStates):
         if len(absent) and self.disk is not None and len(self.disk):
             on_disk = self.disk.contains(row_ids[absent])
             if on_disk.any():
-                got = self.disk.read(row_ids[absent[on_disk]])
-                self._bring_rows(got)
-                rows[absent[on_disk]] = got["weights"]
+                at = absent[on_disk]
+                for lo, got in self.disk.read_pieces(row_ids[at]):     # (chunk by chunk: a checkpoint's pulls)
+                    self._bring_rows(got)
+                    rows[at[lo:lo + len(got["row_ids"])]] = got["weights"]
                 absent = absent[~on_disk]
         if len(absent):
             rows[absent] = self._initial_now(row_ids[absent])
@@ -288,9 +289,10 @@ class RowKeyCatchUp(RowKeyStates):
             absent = row_ids[~present]
             if self.disk is None or not self.disk.contains(absent).all():
                 raise KeyError(f"a listed row of key {self.key} no longer exists")
-            got = self.disk.read(absent)
-            self._bring_rows(got)
-            out[~present] = got["states"][index]
+            at = np.flatnonzero(~present)
+            for lo, got in self.disk.read_pieces(absent):               # (chunk by chunk: a checkpoint's pulls)
+                self._bring_rows(got)
+                out[at[lo:lo + len(got["row_ids"])]] = got["states"][index]
         return out
 
     def set_state_rows(self, row_ids: np.ndarray, index: int, values: np.ndarray) -> None:

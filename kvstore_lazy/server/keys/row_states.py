@@ -87,7 +87,8 @@ class RowKeyStates(RowKeyDisk):
         ids = self._table.row_ids()
         if self.disk is not None and len(self.disk):
             ids = np.concatenate([ids, self.disk.store.row_ids()])
-        return np.sort(ids)
+        ids.sort()                  # (in place: a listing of a large key is 8 bytes a row, once)
+        return ids
 
     def state_rows(self, row_ids: np.ndarray, index: int) -> np.ndarray:
         """Optimizer state `index` of existing rows `row_ids`, (rows, row size)."""
@@ -101,7 +102,7 @@ class RowKeyStates(RowKeyDisk):
                 raise KeyError(f"a listed row of key {self.key} no longer exists")
             out = np.empty((len(row_ids), self.row_size), self._table.dtype)
             out[present] = self._table.states(slots[present])[index]
-            out[~present] = self.disk.read(absent)["states"][index]
+            self.disk.read_field(absent, f"s{index}", out, np.flatnonzero(~present))   # (chunk by chunk)
             return out
         if not present.all():
             raise KeyError(f"a listed row of key {self.key} no longer exists")
