@@ -1,0 +1,141 @@
+"""The disk index out of RAM against today's hash index: ``python scripts/bench_workers/disk_index.py``.
+
+Builds an index of ``--rows`` rows (hashed 64-bit ids, in random order) through the API in batches of ``--batch``
+(8192) as the disk tier's demotions would (each id given a record location), once as a
+:class:`~kvstore_lazy.store.disk.runs.RunIndex` (memtable ``--memtable`` entries, ``--bloom-bits`` bits an entry)
+and once as today's hash index (``store.disk.index.new_index(None)``: a RowTable of one uint32 column), then looks
+up batches of ``--batch`` ids: present ids uniform and Zipf(1.2) over the rows, and absent ids. Prints RAM and
+disk bytes per entry, the build rate, and per lookup kind the ids/s and the block reads per id (the run index's
+counters). The run files stay in the page cache (the machine's memory holds them); ``--cold`` also times present
+lookups with the run files dropped from the page cache before each batch (``posix_fadvise(DONTNEED)``): the same
+reads, from the device.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+
+from kvstore_lazy.store.disk import index as disk_index  # noqa: E402
+from kvstore_lazy.store.disk.runs import EMPTY, RunIndex  # noqa: E402
+
+
+def hashed(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of ``x``: a bijection of uint64, so distinct ids from distinct counters (hashed ids)."""
+    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def workloads(rows: int, batch: int, batches: int, seed: int) -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return {
+        "present uniform": [hashed(rng.integers(0, rows, batch)) for _ in range(batches)],
+        "present zipf": [hashed((rng.zipf(1.2, batch) - 1) % rows) for _ in range(batches)],
+        "absent": [hashed(rng.integers(rows, 2 * rows, batch)) for _ in range(batches)],
+    }
+
+
+def drop_cache(directory: Path) -> None:
+    for file in directory.glob("idx-*.run"):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict:
+    index = RunIndex(directory, memtable_entries=args.memtable, bloom_bits=args.bloom_bits)
+    start = time.perf_counter()
+    for lo in range(0, args.rows, args.batch):
+        n = min(args.batch, args.rows - lo)
+        index.set(hashed(np.arange(lo, lo + n)), np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF))
+    index.committed(index.commit())
+    build = time.perf_counter() - start
+    out = {"ram": index.ram_bytes() / len(index), "disk": index.disk_bytes() / len(index),
+           "build": args.rows / build, "runs": index.stats()["run_entries"],
+           "written": index.counters["entries_written"] / args.rows}
+    for kind, batches in loads.items():
+        c0 = dict(index.counters)
+        start = time.perf_counter()
+        found = sum(int((index.lookup(q) != EMPTY).sum()) for q in batches)
+        took = time.perf_counter() - start
+        ids = sum(len(q) for q in batches)
+        assert found == (0 if kind == "absent" else ids), (kind, found, ids)
+        out[kind] = (ids / took, (index.counters["blocks_read"] - c0["blocks_read"]) / ids)
+    if args.cold:
+        batches = loads["present uniform"][:args.cold]
+        took = 0.0
+        for q in batches:
+            drop_cache(directory)
+            start = time.perf_counter()
+            index.lookup(q)
+            took += time.perf_counter() - start
+        out["present uniform, cold"] = (sum(len(q) for q in batches) / took, float("nan"))
+    index.close()
+    return out
+
+
+def hash_index(args, loads: dict[str, list[np.ndarray]]) -> dict:
+    index = disk_index.new_index(None)
+    start = time.perf_counter()
+    for lo in range(0, args.rows, args.batch):
+        n = min(args.batch, args.rows - lo)
+        slots, _ = disk_index.place(index, hashed(np.arange(lo, lo + n)))
+        index.arrays()[0][slots, 0] = np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF)
+    build = time.perf_counter() - start
+    out = {"ram": disk_index.index_nbytes(index) / len(index), "disk": 0.0, "build": args.rows / build}
+    locs = index.arrays()[0]
+    for kind, batches in loads.items():
+        start = time.perf_counter()
+        for q in batches:
+            slots = index.lookup(q)
+            np.where(slots >= 0, locs[np.maximum(slots, 0), 0], EMPTY)
+        took = time.perf_counter() - start
+        out[kind] = (sum(len(q) for q in batches) / took, 0.0)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--batches", type=int, default=50, help="lookup batches of each kind")
+    parser.add_argument("--memtable", type=int, default=1 << 17)
+    parser.add_argument("--bloom-bits", type=float, default=10.0)
+    parser.add_argument("--cold", type=int, default=0, help="also time this many present batches from the device")
+    parser.add_argument("--dir", default=None, help="where the run files go (default: a temporary directory)")
+    args = parser.parse_args()
+    loads = workloads(args.rows, args.batch, args.batches, seed=1)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        ours = run_index(args, Path(tmp), loads)
+    theirs = hash_index(args, loads)
+    print(f"{args.rows:,} rows, batches of {args.batch}, memtable {args.memtable:,} entries, "
+          f"{args.bloom_bits:g} bloom bits an entry; runs {ours['runs']}, entries written per row "
+          f"{ours['written']:.2f}")
+    print(f"{'':28} {'run index':>22} {'hash index (RowTable)':>24}")
+    print(f"{'RAM bytes / entry':28} {ours['ram']:>22.3f} {theirs['ram']:>24.2f}")
+    print(f"{'disk bytes / entry':28} {ours['disk']:>22.2f} {theirs['disk']:>24.2f}")
+    print(f"{'build (set) ids/s':28} {ours['build']:>22,.0f} {theirs['build']:>24,.0f}")
+    for kind in [k for k in ours if k.startswith(("present", "absent"))]:
+        rate, reads = ours[kind]
+        other = f"{theirs[kind][0]:>24,.0f}" if kind in theirs else f"{'':>24}"
+        print(f"{kind + ' ids/s':28} {rate:>22,.0f} {other}")
+        if reads == reads:
+            print(f"{kind + ' blocks / id':28} {reads:>22.4f} {'0 (in RAM)':>24}")
+
+
+if __name__ == "__main__":
+    main()
