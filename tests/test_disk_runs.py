@@ -130,6 +130,22 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path):
         RunIndex.open(tmp_path, {"format": "something else"})
 
 
+def test_known_previous_locations_skip_the_lookup(tmp_path):
+    index = RunIndex(tmp_path, memtable_entries=50, block_bytes=SMALL)
+    ids = np.arange(200, dtype=np.uint64)
+    np.testing.assert_array_equal(index.set(ids, ids.astype(np.uint32), old=np.full(200, EMPTY, np.uint32)), EMPTY)
+    assert index.counters["lookups"] == 0 and len(index) == 200
+    moved = ids[::3]                                            # a compaction moving records it knows live
+    index.set(moved, moved.astype(np.uint32) + 1000, old=moved.astype(np.uint32))
+    gone = ids[1::3]
+    index.remove(gone, old=index.lookup(gone))                  # a promotion that has just looked them up
+    assert index.counters["lookups"] == len(gone) and len(index) == 200 - len(gone)
+    ref = {int(i): int(i) + (1000 if i % 3 == 0 else 0) for i in ids if i % 3 != 1}
+    check_all(index, ref, np.arange(300, dtype=np.uint64))
+    with pytest.raises(ValueError, match="previous"):
+        index.set(ids[:2], np.zeros(2, np.uint32), old=np.zeros(3, np.uint32))
+
+
 def test_the_tombstone_is_no_location_a_segment_store_uses():
     for rows in (2, 1 << 10, 1 << 16):
         layout = RecordLayout(np.dtype([("w", "<f4", (4,))]), rows)

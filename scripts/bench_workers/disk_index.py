@@ -1,7 +1,8 @@
 """The disk index out of RAM against today's hash index: ``python scripts/bench_workers/disk_index.py``.
 
 Builds an index of ``--rows`` rows (hashed 64-bit ids, in random order) through the API in batches of ``--batch``
-(8192) as the disk tier's demotions would (each id given a record location), once as a
+(8192) as the disk tier's demotions would (each id given a record location; a demotion's rows are not on disk,
+so ``set`` is told so and looks nothing up, unless ``--set-looks-up``), once as a
 :class:`~kvstore_lazy.store.disk.runs.RunIndex` (memtable ``--memtable`` entries, ``--bloom-bits`` bits an entry)
 and once as today's hash index (``store.disk.index.new_index(None)``: a RowTable of one uint32 column), then looks
 up batches of ``--batch`` ids: present ids uniform and Zipf(1.2) over the rows, and absent ids. Prints RAM and
@@ -61,7 +62,9 @@ def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict
     start = time.perf_counter()
     for lo in range(0, args.rows, args.batch):
         n = min(args.batch, args.rows - lo)
-        index.set(hashed(np.arange(lo, lo + n)), np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF))
+        # a demotion's rows are not on disk: it tells set so (no lookup), unless --set-looks-up
+        old = None if args.set_looks_up else np.full(n, EMPTY, np.uint32)
+        index.set(hashed(np.arange(lo, lo + n)), np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF), old)
     index.committed(index.commit())
     build = time.perf_counter() - start
     out = {"ram": index.ram_bytes() / len(index), "disk": index.disk_bytes() / len(index),
@@ -116,6 +119,7 @@ def main() -> None:
     parser.add_argument("--memtable", type=int, default=1 << 17)
     parser.add_argument("--bloom-bits", type=float, default=10.0)
     parser.add_argument("--cold", type=int, default=0, help="also time this many present batches from the device")
+    parser.add_argument("--set-looks-up", action="store_true", help="set looks the previous locations up")
     parser.add_argument("--dir", default=None, help="where the run files go (default: a temporary directory)")
     args = parser.parse_args()
     loads = workloads(args.rows, args.batch, args.batches, seed=1)

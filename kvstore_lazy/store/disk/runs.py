@@ -157,27 +157,27 @@ class RunIndex:
         out[out == TOMBSTONE] = EMPTY
         return out
 
-    def set(self, row_ids, locs) -> np.ndarray:
+    def set(self, row_ids, locs, old=None) -> np.ndarray:
         """Point ``row_ids`` (unique: else ValueError) at ``locs`` (uint32 below :data:`TOMBSTONE`); returns their
-        previous locations (:data:`EMPTY` for new ids). Nothing changes on a ValueError; a DiskError (a flush that
-        failed) leaves the pieces before it applied."""
+        previous locations (:data:`EMPTY` for new ids). ``old``: the previous locations as the caller knows them
+        (a demotion's rows are not on disk; a compaction moves records it knows live): then no lookup, and the
+        live count trusts them. Nothing changes on a ValueError; a DiskError (a flush that failed) leaves the
+        pieces before it applied."""
         ids = as_row_ids(row_ids)
         locs = np.asarray(locs)
         if locs.shape != ids.shape:
             raise ValueError(f"{len(ids)} ids, locations of shape {locs.shape}")
         if len(locs) and (locs.min() < 0 or locs.max() >= TOMBSTONE):
             raise ValueError(f"locations must be in [0, {TOMBSTONE:#x})")
-        self._unique(ids)
-        old = self.lookup(ids)
+        old = self._old(ids, old)
         self._put(ids, locs.astype(np.uint32), old)
         return old
 
-    def remove(self, row_ids) -> np.ndarray:
+    def remove(self, row_ids, old=None) -> np.ndarray:
         """Drop ``row_ids`` (unique: else ValueError); returns their previous locations (:data:`EMPTY` where
-        absent: nothing to drop)."""
+        absent: nothing to drop). ``old`` as for :meth:`set` (a promotion has just looked its rows up)."""
         ids = as_row_ids(row_ids)
-        self._unique(ids)
-        old = self.lookup(ids)
+        old = self._old(ids, old)
         present = old != EMPTY
         self._put(ids[present], np.full(int(present.sum()), TOMBSTONE, np.uint32), old[present])
         return old
@@ -274,13 +274,19 @@ class RunIndex:
         return RowTable(1, np.uint32, initial_capacity=min(self.memtable_entries, 1024), max_load=0.8,
                         lean_rehash=True)
 
-    @staticmethod
-    def _unique(ids: np.ndarray) -> None:
+    def _old(self, ids: np.ndarray, old) -> np.ndarray:
+        """The previous locations of ``ids`` (unique, else ValueError): ``old`` checked, or looked up."""
         if len(ids) > 1:
             s = np.sort(ids)
             dup = np.flatnonzero(s[1:] == s[:-1])
             if len(dup):
                 raise ValueError(f"row id {int(s[dup[0]])} given twice")
+        if old is None:
+            return self.lookup(ids)
+        old = np.asarray(old)
+        if old.shape != ids.shape or (len(old) and (old.min() < 0 or old.max() > EMPTY)):
+            raise ValueError(f"{len(ids)} ids, previous locations of shape {old.shape}")
+        return old.astype(np.uint32)
 
     def _put(self, ids: np.ndarray, locs: np.ndarray, old: np.ndarray) -> None:
         """Write entries into the memtable in pieces that fit, flushing it first when the next piece would not."""
