@@ -164,7 +164,7 @@ class Durability:
             self.chain = checkpoint.SnapshotChain(self.cfg.snapshot_dir, self.server.rank, self.server.num_servers,
                                                   self.cfg.snapshot_deltas, writer=self._writer())
         delta = not full and self.chain.next_is_delta()
-        meta, tables = self.server.snapshot(delta=delta)
+        meta, tables = self.server.snapshot(delta=delta, stream=True)     # (written below, before any request)
         new_journal = None
         if self.journal is not None:
             new_journal = journal_mod.Journal.create(
@@ -193,7 +193,7 @@ class Durability:
         """LAZY_SNAPSHOT: <dir>/tagged/rank<r>, with the worker's tag, before the command is answered."""
         assert self.server is not None
         started = self.clock.monotonic()
-        meta, tables = self.server.snapshot()
+        meta, tables = self.server.snapshot(stream=True)
         meta["tag"] = tag
         meta["quiescent"] = self.quiescent()
         path = checkpoint.write_snapshot(Path(self.cfg.snapshot_dir) / TAGGED_DIR, self.server.rank,

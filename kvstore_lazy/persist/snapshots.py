@@ -83,16 +83,48 @@ def write_snapshot(directory: str | os.PathLike, rank: int, num_servers: int, ta
     return _write_base(paths.rank_dir(directory, rank), rank, num_servers, tables, server, None, writer)[0]
 
 
+def _array(value, dtype=None):
+    """An array to write: as it is if it comes in pieces (:func:`savez`), else ``np.asarray``."""
+    if hasattr(value, "pieces"):
+        if dtype is not None and value.dtype != dtype:
+            raise ValueError(f"an array in pieces of {value.dtype}, not {dtype}")      # (our bug: the tables')
+        return value
+    return np.asarray(value, dtype)
+
+
+def savez(path: Path, arrays: dict) -> None:
+    """``np.savez(path, **arrays)``, where an array may come in pieces (anything with ``shape``, ``dtype`` and
+    ``pieces()`` yielding consecutive parts along its first axis: ``store.rows.Pieces``), written piece by piece:
+    the zip np.savez writes (members stored uncompressed, zip64), each member byte for byte what np.savez writes
+    for the whole array (only the zip entries' times differ, as between any two np.savez), never the whole array
+    in memory."""
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                if not hasattr(value, "pieces"):
+                    np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+                    continue
+                np.lib.format.write_array_header_1_0(member, {"descr": np.lib.format.dtype_to_descr(value.dtype),
+                                                              "fortran_order": False, "shape": tuple(value.shape)})
+                written = 0
+                for piece in value.pieces():
+                    piece = np.ascontiguousarray(piece, value.dtype)
+                    member.write(piece.reshape(-1).view(np.uint8).data)
+                    written += len(piece)
+                assert written == value.shape[0], f"{path}: {name} gave {written} rows, not {value.shape[0]}"
+
+
 def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:
-    """key<k>.npz of one key's table; its manifest entry."""
-    arrays = {"row_ids": np.asarray(table["row_ids"], np.uint64), "weights": np.asarray(table["weights"])}
+    """key<k>.npz of one key's table (arrays in pieces written piece by piece: :func:`savez`); its manifest
+    entry."""
+    arrays = {"row_ids": _array(table["row_ids"], np.dtype(np.uint64)), "weights": _array(table["weights"])}
     for i, state in enumerate(table.get("states", [])):
-        arrays[f"state{i}"] = np.asarray(state)
+        arrays[f"state{i}"] = _array(state)
     extra = table.get("arrays", {})
     for name, value in extra.items():
-        arrays[name] = np.asarray(value)
+        arrays[name] = _array(value)
     path = paths.key_file(directory, key)
-    np.savez(path, **arrays)
+    savez(path, arrays)
     entry = dict(table.get("meta", {}), rows=int(len(arrays["row_ids"])), num_states=len(table.get("states", [])),
                  arrays=sorted(extra))
     if "mode" in table:

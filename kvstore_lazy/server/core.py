@@ -336,10 +336,12 @@ class KVServer:
         """No dist_sync round is half-way: every push received so far is applied and answered."""
         return not any(e.round.pending for e in self.keys.values())
 
-    def snapshot(self, delta: bool = False) -> tuple[dict, dict[int, dict]]:
+    def snapshot(self, delta: bool = False, stream: bool = False) -> tuple[dict, dict[int, dict]]:
         """(server-wide JSON state, per-key tables) for checkpoint.write_snapshot; with `delta`, per key only what
         changed since the last :meth:`snapshot_written` (checkpoint.SnapshotChain). Pending sync-round merges are not
-        included: their pushes were not acknowledged yet."""
+        included: their pushes were not acknowledged yet. With `stream` the row_sparse keys' rows are
+        ``store.rows.Pieces`` that the snapshot writer gathers chunk by chunk (no copy of a table): write them before
+        the next request."""
         self.settle()
         opt = self.optimizer
         meta = {
@@ -352,7 +354,7 @@ class KVServer:
             "aliases": {str(alias): key for alias, key in self.transfer.aliases.items()},
             "lifecycle": self.lifecycle.state(),
         }
-        return meta, {key: entry.delta() if delta else entry.snapshot() for key, entry in self.keys.items()}
+        return meta, {key: entry.delta(stream) if delta else entry.snapshot(stream) for key, entry in self.keys.items()}
 
     def snapshot_written(self) -> None:
         """A snapshot of the chain (base or delta) holds the state now: the next delta starts from here."""

@@ -200,7 +200,7 @@ def main() -> int:
     chain = snapshots.SnapshotChain(root / "snap", 0, 1)
 
     def snapshot(delta: bool) -> None:
-        meta, tables = server.snapshot(delta=delta)
+        meta, tables = server.snapshot(delta=delta, stream=True)     # (as node.durability writes them)
         chain.write(meta, tables, delta)
         server.snapshot_written()
 

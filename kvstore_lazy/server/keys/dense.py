@@ -112,7 +112,8 @@ class DenseKey:
 
     # -- snapshots and stats
 
-    def snapshot(self) -> dict:
+    def snapshot(self, stream: bool = False) -> dict:
+        """The value and states for a server snapshot: views, not copies (`stream` changes nothing here)."""
         return {"row_ids": np.zeros(1, np.uint64), "weights": self._stored.reshape(1, -1),
                 "states": [s.reshape(1, -1) for s in (self._states or [])],
                 "meta": {"kind": self.kind, "dtype": self.dtype.name}}
@@ -125,7 +126,7 @@ class DenseKey:
                 "merged": None if not self.round.pending else np.asarray(self.round.merged).tobytes(),
                 "round": self.round.describe()}
 
-    def delta(self) -> dict:
+    def delta(self, stream: bool = False) -> dict:
         """What an incremental snapshot holds of this key: all of it (a dense value changes as a whole)."""
         return dict(self.snapshot(), mode="full")
 

@@ -24,10 +24,13 @@ from kvstore_lazy.store.tier import DiskTier
 class RowKeySnapshots(RowKeyCatchUp):
     """The key's snapshots and its restore (see the module docstring)."""
 
-    def snapshot(self) -> dict:
+    def snapshot(self, stream: bool = False) -> dict:
         """The key's state for a server snapshot: the rows in memory (sorted), and with a disk tier its store
-        (``"disk"``: checkpoint commits it into the snapshot, hard-linking its segments: no row is read)."""
-        out = self._snapshot(self._table.export(), None if self.policy is None else self.policy.pending_rows())
+        (``"disk"``: checkpoint commits it into the snapshot, hard-linking its segments: no row is read). With
+        `stream` the rows' arrays are ``store.rows.Pieces``, gathered chunk by chunk as the snapshot file is written
+        (never a copy of the table; write them before the table changes), else copies."""
+        rows = self._table.export_pieces() if stream else self._table.export()
+        out = self._snapshot(rows, None if self.policy is None else self.policy.pending_rows())
         if self.disk is not None:
             out["disk"] = self.disk.store
         return out
@@ -66,14 +69,14 @@ class RowKeySnapshots(RowKeyCatchUp):
         return {"row_ids": rows["row_ids"], "weights": rows["weights"], "states": rows["states"], "meta": meta,
                 "arrays": arrays}
 
-    def delta(self) -> dict:
+    def delta(self, stream: bool = False) -> dict:
         """What an incremental snapshot holds of this key: the rows created or written since the last snapshot
         (with their columns), ``dead_ids`` for rows removed since then, the same for the pending table, and the
         policy state; the whole key (``mode: full``) if it is new or was rebuilt since."""
         if self._rebuilt or not self._table.tracks_changes:
-            return dict(self.snapshot(), mode="full")
+            return dict(self.snapshot(stream), mode="full")
         pending = None if self.policy is None else self.policy.pending_rows(changes=True)
-        out = dict(self._snapshot(self._table.changes(), pending), mode="delta")
+        out = dict(self._snapshot(self._table.changes(pieces=stream), pending), mode="delta")
         if self.disk is not None:    # rows demoted since are tombstones of the memory part and rows of the store
             out["disk"] = self.disk.store
         return out
