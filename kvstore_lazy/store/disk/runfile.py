@@ -56,8 +56,9 @@ _FOOTER = np.dtype([("check", "<u4"), ("zero", "<u4"), ("magic", "<u8"), ("numbe
                     ("last", "<u8"), ("seed", "<u8"), ("fences_crc", "<u8"), ("bloom_crc", "<u8")])
 _SEED = 0x5BD1E9955BD1E995
 _BLOOM_SALT = np.array([0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947,
-                        0x5C6BFB31], np.uint64)     # Parquet's split-block bloom filter salts
+                        0x5C6BFB31], np.uint32)     # Parquet's split-block bloom filter salts
 _M32 = np.uint64(0xFFFFFFFF)
+_ROW = np.dtype("V32")              # one block of the bloom filter as one item
 
 def run_name(number: int) -> str:
     """The file name of the ``number``-th run an index wrote (numbers are not reused within a commit's life)."""
@@ -79,23 +80,30 @@ def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, 
     """(block of each id, its (n, 8) uint32 bit masks: one bit in each word of the block)."""
     h = _mix(ids, seed)
     block = ((h >> np.uint64(32)) * np.uint64(nblocks)) >> np.uint64(32)       # fast range: high bits
-    bits = (((h & _M32)[:, None] * _BLOOM_SALT[None, :]) & _M32) >> np.uint64(27)  # low bits, 5 per word
-    return block.astype(np.int64), (np.uint32(1) << bits.astype(np.uint32))
+    bits = (h.astype(np.uint32)[:, None] * _BLOOM_SALT[None, :]) >> np.uint32(27)    # low bits: 5 a word
+    return block.astype(np.int64), np.left_shift(np.uint32(1), bits)
 
 
 def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
-    if not len(ids):
-        return
-    block, masks = _bloom_where(ids, len(bloom), seed)
-    order = np.argsort(block, kind="stable")
-    block, masks = block[order], masks[order]
-    starts = np.flatnonzero(np.concatenate(([True], block[1:] != block[:-1])))
-    bloom[block[starts]] |= np.bitwise_or.reduceat(masks, starts, axis=0)     # (ids of one block OR-ed first)
+    """Set the bits of ``ids``. No sort: ids sharing a block in one assignment overwrite each other (one wins),
+    so the losers go again until every id's bits are set; in pieces of 1/4 of the filter's blocks, so few do."""
+    step = max(256, len(bloom) // 4)
+    rows = bloom.view(_ROW).reshape(-1)                 # a block as one item: gathered and put as a whole
+    for lo in range(0, len(ids), step):
+        block, masks32 = _bloom_where(ids[lo:lo + step], len(bloom), seed)
+        masks = masks32.view(np.uint64)
+        while len(block):
+            words = rows[block].view(np.uint64).reshape(-1, 4)
+            words |= masks
+            rows[block] = words.view(_ROW).reshape(-1)
+            short = ((rows[block].view(np.uint64).reshape(-1, 4) & masks) != masks).any(axis=1)
+            block, masks = block[short], masks[short]
 
 
 def _bloom_test(bloom: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
     block, masks = _bloom_where(ids, len(bloom), seed)
-    return ((bloom[block] & masks) == masks).all(axis=1)
+    words = bloom.view(_ROW).reshape(-1)[block].view(np.uint64).reshape(-1, 4)
+    return ((words & masks.view(np.uint64)) == masks.view(np.uint64)).all(axis=1)
 
 
 class Format:
