@@ -3,6 +3,8 @@ to disk whole and come back on their next touch, so the job is bit-identical to 
 admission and TTL act across both tiers; the accounting counts the disk index; bad settings are refused."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -333,6 +335,13 @@ def test_a_budget_the_disk_index_outgrows_is_named_as_the_cause(tmp_path, caplog
     assert len(said) == 1, said
     assert "by what no budget pass can move: the disk tier's index of its rows on disk, " in said[0]
     assert "raise KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk" in said[0]
+    entry = peer.server.keys[KEY]
+    found = re.search(r"\((\d+) rows: ([\d.]+) bytes a row now, (\d+) bytes an entry plus the buckets for each "
+                      r"further row; .* to more than (\d+) bytes now\)", said[0])
+    assert found, said[0]
+    rows, average, entry_bytes, wanted = found.groups()
+    assert int(entry_bytes) == entry.disk.index_row_nbytes() and float(average) > int(entry_bytes)
+    assert 0 < int(rows) <= len(entry.disk) and int(wanted) > 8 << 10
     assert "not declared lazy" not in said[0]
 
 

@@ -449,16 +449,23 @@ class Lifecycle:
     def _unmovable(self, keys: dict) -> str:
         """The parts of the accounted bytes a pass cannot free, each with its remedy."""
         parts = {"index": 0, "plain": 0, "pending": 0}
+        on_disk, per_row = 0, 0.0
         for entry in self._tables(keys):
             disk = entry.disk.index_nbytes() if entry.disk is not None else 0
             pending = entry.policy.pending_bytes() if entry.policy is not None else 0
+            if entry.disk is not None:
+                on_disk += len(entry.disk)
+                per_row = max(per_row, float(entry.disk.index_row_nbytes()))
             parts["index"] += disk
             parts["pending"] += pending
             if entry.policy is None:
                 parts["plain"] += entry.accounted_bytes() - disk - pending
+        total = self.accounted(keys)
         remedy = {
-            "index": "the disk tier's index of its rows on disk, %d bytes (it stays in memory: raise "
-                     "KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk)",
+            "index": "the disk tier's index of its rows on disk, %%d bytes (%d rows: %.1f bytes a row now, %.0f "
+                     "bytes an entry plus the buckets for each further row; it stays in memory: raise "
+                     "KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk, to more than %d bytes now)"
+                     % (on_disk, parts["index"] / max(on_disk, 1), per_row, total),
             "plain": "rows of row_sparse keys not declared lazy, %d bytes (the budget evicts only lazy keys' rows: "
                      "declare them with kvstore_lazy.worker.init_lazy, or raise KVSTORE_LAZY_MEMORY_BUDGET)",
             "pending": "ids waiting for admission, %d bytes (lower KVSTORE_LAZY_ADMIT_CAP)"}
