@@ -20,13 +20,6 @@ A run file (``idx-000001.run``, written once as ``idx-000001.run.tmp``, fsynced,
                      of the id (the block from the high 32 bits, the bits from the low 32 times Parquet's salts)
     footer           one block: check | magic "KVLZRUN1" | number, entries, tombstones, blocks, bloom blocks,
                      block bytes, last id, hash seed, crc32 of the fences and of the bloom (u64 each)
-
-In RAM a run keeps its fences (8 bytes a block: 0.024 bytes an entry) and its bloom filter, a split-block bloom
-filter as Parquet's (32-byte blocks of eight 32-bit words, one bit set in each word by a key, so a probe is one
-cache line): ``bloom_bits`` (10) bits an entry, about 1% false positives. So 10/8 + 8/340 = 1.274 bytes an
-entry in runs, exactly :meth:`RunIndex.ram_bytes`, plus the memtable (a hash table of at most ``memtable_entries``
-entries, 17 to 22 bytes each, emptied at every flush). The 1-byte goal is ``bloom_bits=7.5`` (about 3% false
-positives: more reads for absent ids).
 """
 from __future__ import annotations
 

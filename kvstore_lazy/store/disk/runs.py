@@ -13,13 +13,20 @@ Entries are (id uint64, loc uint32): the location ``slot << shift | offset`` of 
 removed id, hiding its older entries. A segment store with segments of two records or more never uses 0xFFFFFFFE
 as a location (its last slot is excluded: ``layout.max_slots``), so :meth:`RunIndex.set` refuses both values.
 
-A lookup of a batch (:meth:`RunIndex.lookup`, one numpy pass per source, no loop over ids): the memtable first,
-then the runs newest to oldest for the ids still unresolved; in each run the ids that pass the id range and the
-bloom filter go to the fences (``searchsorted``), their distinct blocks are read in one batched call
-(:func:`kernels.pread_records`: adjacent blocks one read, through io_uring where there is one), checked, and the
-ids found by one ``searchsorted`` over the blocks' concatenated ids (the blocks are read in order, so that is
-sorted). A present id costs one block read in the run that holds it, plus a read for each newer run whose filter
-lies (~1%); an absent id a read per run whose filter lies. The newest source wins; a tombstone hides older entries.
+In RAM a run keeps its fences (8 bytes a block: 0.024 bytes an entry) and its bloom filter, a split-block bloom
+filter as Parquet's (32-byte blocks of eight 32-bit words, one bit set in each word by a key, so a probe is one
+cache line; :mod:`.runfile`): ``bloom_bits`` (10) bits an entry, 1.3% false positives. So 10/8 + 8/340 = 1.274
+bytes an entry in runs, exactly :meth:`RunIndex.ram_bytes`, plus the memtable (a hash table of at most
+``memtable_entries`` entries, 17 to 22 bytes each, emptied at every flush). The 1-byte goal is ``bloom_bits=7.8``
+(3.7% false positives: more reads for absent ids, and for present ones in older runs).
+
+A lookup of a batch (:meth:`RunIndex.lookup`, one numpy pass per source, no loop over ids): the memtable first, then
+the runs newest to oldest for the ids still unresolved; in each run the ids that pass the id range and the bloom
+filter go to the fences (``searchsorted``), their distinct blocks are read in one batched call
+(:func:`kernels.pread_records`: adjacent blocks one read, through io_uring where there is one), checked, and each id
+binary-searched in its block, all of them at once in place. A present id costs one block read in the run that holds
+it, plus a read for each newer run whose filter lies (1.3%); an absent id a read per run whose filter lies. The
+newest source wins; a tombstone hides older entries.
 
 Flush and merge. When a set would take the memtable past ``memtable_entries`` it is written first as a new run.
 After each flush the newest runs are merged into one while they sum to at least 1/:data:`MERGE_RATIO` of the run
@@ -37,7 +44,7 @@ manifest handed out is deleted as soon as a merge replaces it). :meth:`RunIndex.
 exactly that state and deletes the run files (and temp files) it does not list: what was written after it. Run
 files are never written again after their rename, so a snapshot hard-links them (:meth:`RunIndex.link_into`).
 Damage is a :class:`~.errors.SegmentError` naming the file (and block); a failed write a
-:class:`~.errors.DiskError` naming the directory, the index unchanged by the failed call.
+:class:`~.errors.DiskError` naming the directory, the index as it was before the flush or merge that failed.
 """
 from __future__ import annotations
 
