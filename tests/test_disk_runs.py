@@ -343,6 +343,24 @@ def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
     assert all(len(ids) <= 300 for ids, _ in index.items(300))
 
 
+def test_a_lookup_reads_its_blocks_in_bounded_pieces(tmp_path, monkeypatch):
+    index, ids = build(tmp_path, 5000)
+    monkeypatch.setattr(runfile, "READ_BLOCKS", 3)
+    largest = []
+    read = runfile.Run.read_blocks
+
+    def spy(self, blocks):
+        largest.append(len(blocks))
+        return read(self, blocks)
+
+    monkeypatch.setattr(runfile.Run, "read_blocks", spy)
+    universe = np.concatenate([ids, hashed_ids(np.random.default_rng(9), 500, "2^64")])
+    got = index.lookup(universe)
+    np.testing.assert_array_equal(got[:5000], np.arange(5000, dtype=np.uint32))
+    assert (got[5000:][~np.isin(universe[5000:], ids)] == EMPTY).all()
+    assert max(largest) == 3 and len(largest) > 50
+
+
 def test_reads_per_lookup(tmp_path):
     n = 200_000
     index, ids = build(tmp_path, n + 6000, memtable=5000, block_bytes=runfile.BLOCK_BYTES, seed=5)
@@ -366,3 +384,5 @@ def test_reads_per_lookup(tmp_path):
     reads = index.counters["blocks_read"] - before["blocks_read"]
     assert reads <= 0.03 * nruns * len(absent)
     assert index.counters["bloom_negatives"] - before["bloom_negatives"] >= 0.95 * nruns * len(absent)
+    stats = index.stats()
+    assert stats["reads_per_lookup"] == stats["blocks_read"] / stats["lookups"]

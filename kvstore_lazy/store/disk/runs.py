@@ -271,9 +271,10 @@ class RunIndex:
         return sum(run.file_bytes for run in self._runs)
 
     def stats(self) -> dict:
+        """Sizes, the counters, and ``reads_per_lookup``: blocks read per id looked up (a cold row's index reads)."""
         return {"entries": self._live, "runs": len(self._runs), "run_entries": [r.entries for r in self._runs],
                 "memtable": len(self._mem), "ram_bytes": self.ram_bytes(), "disk_bytes": self.disk_bytes(),
-                **self.counters}
+                "reads_per_lookup": self.counters["blocks_read"] / max(1, self.counters["lookups"]), **self.counters}
 
     # -- internals
 
