@@ -215,7 +215,7 @@ class Durability:
                       "none": []}[choice]
         for directory in candidates:
             self._check_owner(directory)
-            loaded = checkpoint.load_snapshot(directory, rank)
+            loaded = checkpoint.load_snapshot(directory, rank, pieces=True)   # (rows read as the tables are built)
             if loaded is not None:
                 break
         else:
@@ -272,7 +272,7 @@ class Durability:
         directory, rank = Path(self.cfg.snapshot_dir), self.server.rank
         recovery.remove_leftovers(directory, rank, self.cfg.lifecycle.disk_dir)
         self._check_owner(directory)
-        loaded = checkpoint.load_snapshot(directory, rank)
+        loaded = checkpoint.load_snapshot(directory, rank, pieces=True)
         manifest = loaded.manifest if loaded is not None else None
         info = (manifest or {}).get("server", {}).get("journal")
         if loaded is None or manifest is None or info is None:

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstore_lazy import paths
+from kvstore_lazy.persist import members
 from kvstore_lazy.persist.atomic import atomic_write_dir, file_digest, remove_path, settle_dir
 
 FORMAT = 1
@@ -67,8 +68,7 @@ _DELTA_DIR = re.compile(r"delta-(\d{6})")
 _GROUPS = (("row_ids", "dead_ids", None), ("pending_ids", "pending_dead", "pending_"))
 
 
-class SnapshotError(ValueError):
-    pass
+SnapshotError = members.SnapshotError
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -228,13 +228,22 @@ def read_snapshot_key(directory: str | os.PathLike, rank: int, key: int, expecte
     return _read_key(paths.key_file(live_dir(directory, rank), key), expected)
 
 
-def _read_key(path: Path, expected: dict) -> dict:
+def _read_key(path: Path, expected: dict, pieces: bool = False) -> dict:
+    """One key file's arrays; with `pieces` (a row_sparse key) its per-row members (weights, states, columns) as
+    ``members.MemberPieces``, read a piece at a time (and checked) when the table is built from them."""
+    per_row = ["weights"] + [f"state{i}" for i in range(expected.get("num_states", 0))]
+    per_row += [name for name in expected.get("arrays", []) if name.startswith("col_")]
+    lazy = {}
     try:
+        if pieces and expected.get("kind") == "row_sparse":
+            lazy = members.open_members(path, per_row)
         with np.load(path, allow_pickle=False) as data:
+            def get(name: str):
+                return lazy[name] if name in lazy else data[name]
             row_ids = data["row_ids"]
-            weights = data["weights"]
-            states = [data[f"state{i}"] for i in range(expected.get("num_states", 0))]
-            arrays = {name: data[name] for name in expected.get("arrays", [])}
+            weights = get("weights")
+            states = [get(f"state{i}") for i in range(expected.get("num_states", 0))]
+            arrays = {name: get(name) for name in expected.get("arrays", [])}
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise SnapshotError(f"{path}: unreadable ({exc})") from None
     if len(row_ids) != expected["rows"] or weights.shape[0] != len(row_ids):
@@ -338,15 +347,17 @@ class SnapshotChain:
 
 
 
-def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
+def load_snapshot(directory: str | os.PathLike, rank: int, pieces: bool = False) -> Loaded | None:
     """The snapshot of `rank` in `directory` (base and deltas folded), None if there is none; SnapshotError for a
-    gap, a stale or a corrupted delta, or an unreadable file."""
+    gap, a stale or a corrupted delta, or an unreadable file. With `pieces` the per-row arrays of the base's
+    row_sparse keys are read piece by piece when used (``members``: a server restores a key without holding the
+    file's arrays beside its table); a damaged member is then a SnapshotError at that point."""
     directory = Path(directory)
     manifest = read_manifest(directory, rank)
     if manifest is None:
         return None
     rank_dir = live_dir(directory, rank)
-    tables = {int(k): dict(_read_key(paths.key_file(rank_dir, int(k)), info), meta=info)
+    tables = {int(k): dict(_read_key(paths.key_file(rank_dir, int(k)), info, pieces), meta=info)
               for k, info in manifest["keys"].items()}
     disks = {int(k): _disk_of(rank_dir, k, info) for k, info in manifest["keys"].items()}
     chain = _base_chain(rank_dir, manifest)
@@ -359,7 +370,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int) -> Loaded | None:
     for seq, path in deltas:
         assert chain is not None
         delta_manifest, sha = _checked_delta(path, seq, chain)
-        _read_delta_keys(path, delta_manifest, tables, disks, changes)
+        _read_delta_keys(path, delta_manifest, tables, disks, changes, pieces)
         server = delta_manifest.get("server", {})
         chain = dict(chain, seq=seq, sha256=sha,
                      delta_bytes=chain["delta_bytes"] + sum(f.stat().st_size for f in path.iterdir()))
@@ -402,15 +413,16 @@ def _checked_delta(path: Path, seq: int, chain: dict) -> tuple[dict, str]:
 
 
 def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict,
-                     changes: dict[int, tuple[str, dict]]) -> None:
+                     changes: dict[int, tuple[str, dict]], pieces: bool = False) -> None:
     """Read every key file of one delta (checked against its checksum) into `changes`, folding it on what the
-    earlier deltas made of the key."""
+    earlier deltas made of the key; with `pieces`, a whole key's (mode full) per-row arrays in pieces, as a
+    base's."""
     for k, info in delta_manifest["keys"].items():
         file = paths.key_file(path, int(k))
         if not file.exists() or file_digest(file)[0] != info.get("sha256"):
             raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
                                 f"to load")
-        table, key = dict(_read_key(file, info), meta=info), int(k)
+        table, key = dict(_read_key(file, info, pieces and info.get("mode") != "delta"), meta=info), int(k)
         disks[key] = _disk_of(path, k, info)       # the newest snapshot's disk tier is the key's
         if info.get("mode") != "delta":
             changes[key] = ("full", table)
@@ -466,13 +478,20 @@ def _fold(older: dict, newer: dict, base: bool = False) -> dict:
         keep = ~_members(old["ids"], gone)
         ids = np.concatenate([old["ids"][keep], new["ids"]])
         order = np.argsort(ids, kind="stable")
-        cols = {n: np.concatenate([old["cols"][n][keep], new["cols"][n]])[order] for n in new["cols"]}
+        cols = {n: _merged(old["cols"][n], keep, new["cols"][n], order) for n in new["cols"]}
         group = {"ids": ids[order], "cols": cols, "dead": None if base else
                  np.setdiff1d(np.union1d(old["dead"], new["dead"]), new["ids"]).astype(np.uint64)}
         _put_group(out, ids_name, dead_name, group)
     if "row_ids" not in out:
         raise SnapshotError("a delta without rows")
     return out
+
+
+def _merged(old, keep: np.ndarray, new: np.ndarray, order: np.ndarray):
+    """``concatenate([old[keep], new])[order]``; of a member read in pieces, the same in pieces."""
+    if isinstance(old, members.MemberPieces):
+        return members.MergedPieces(old, np.flatnonzero(keep), new, order)
+    return np.concatenate([old[keep], new])[order]
 
 
 def _members(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:

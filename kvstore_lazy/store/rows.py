@@ -46,7 +46,7 @@ from typing import Callable
 import numpy as np
 
 from kvstore_lazy.store import kernels
-from kvstore_lazy.store.pieces import Pieces
+from kvstore_lazy.store.pieces import Pieces, fill
 
 #: Check :meth:`RowIndex.insert`'s preconditions (unique, absent ids). Costs a sort and a lookup per insert.
 DEBUG = False
@@ -71,8 +71,7 @@ def _grown_capacity(capacity: int, needed: int) -> int:
 KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
 
 
-EXPORT_CHUNK = 1 << 16  # rows a streamed export (RowTable.export_pieces) copies at once: ~17 MB at D=32 with 2 states
-
+EXPORT_CHUNK = 1 << 16  # rows a streamed export (RowTable.export_pieces) or a load copies at once (~17 MB at D=32)
 
 class Arena:
     """A growable array of ``capacity`` rows of ``row_shape`` in an anonymous memory mapping; rows start zero.
@@ -506,19 +505,13 @@ class RowTable:
                 "columns": {name: arena.take(order) for name, arena in self._columns.items()}}
 
     def export_pieces(self, slots: np.ndarray | None = None, chunk: int | None = None) -> dict:
-        """:meth:`export` as :class:`Pieces`: the same arrays, gathered ``chunk`` rows at a time when they are read
-        (a snapshot streams them into its file), so the transient is the sort order (8 bytes a row) and a chunk,
-        never a copy of the table. Read them before the table changes."""
+        """:meth:`export` as :class:`Pieces` gathered ``chunk`` rows at a time when read (a snapshot streams them
+        into its file): the transient is the order (8 bytes a row) and a chunk. Read them before the table changes."""
         ids = self._index.row_ids() if slots is None else self._index.ids_at(slots)
         order = np.argsort(ids, kind="stable")
-        del ids
-        if slots is not None:
-            order = np.asarray(slots, np.int64)[order]
+        order = order if slots is None else np.asarray(slots, np.int64)[order]
         keys, chunk = self._index._keys, chunk or EXPORT_CHUNK
-
-        def arena(a: Arena) -> Pieces:
-            return Pieces(a.take, order, a.row_shape, a.dtype, chunk)
-
+        arena = lambda a: Pieces(a.take, order, a.row_shape, a.dtype, chunk)   # noqa: E731
         return {"row_ids": Pieces(lambda at: keys.array[at], order, (), np.uint64, chunk),
                 "weights": arena(self._arenas[0]), "states": [arena(a) for a in self._arenas[1:]],
                 "columns": {name: arena(a) for name, a in self._columns.items()}}
@@ -528,7 +521,9 @@ class RowTable:
              buckets: int | None = None) -> "RowTable":
         """A table holding exactly ``rows`` (as :meth:`export` gives them; columns not given start zero) with
         ``columns`` (``{name: dtype}``, default those of ``rows``), ``buckets`` buckets if given."""
-        weights = np.asarray(rows["weights"])
+        weights = rows["weights"]
+        if not hasattr(weights, "pieces"):
+            weights = np.asarray(weights)
         dtype = weights.dtype if dtype is None else np.dtype(dtype)
         given = rows.get("columns", {})
         columns = {name: values.dtype for name, values in given.items()} if columns is None else columns
@@ -539,12 +534,9 @@ class RowTable:
         table = cls(weights.shape[1], dtype, num_states=len(rows["states"]), columns=columns,
                     initial_capacity=max(n, 1) if buckets is None else max(n, buckets // 2),
                     track_changes=track_changes, buckets=buckets)
-        slots = table.ensure(ids, lambda new: weights.astype(dtype, copy=False))
-        if rows["states"]:
-            table.set_states(slots, rows["states"])
-        for name, values in given.items():
-            if name in table._columns:
-                table._columns[name].array[:n] = values
+        # EXPORT_CHUNK rows at a time: arrays in pieces (a snapshot's, from its file) are never whole beside the table
+        fill(table, ids, [weights, *rows["states"], *given.values()], len(rows["states"]), list(given), dtype,
+             EXPORT_CHUNK)
         return table
 
     def changes(self, pieces: bool = False) -> dict:

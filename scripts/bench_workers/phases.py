@@ -10,7 +10,8 @@ measured exactly (VmHWM reset on entry, ``/proc/self/clear_refs``):
   of the header and of the listed ids in pieces of FETCH_VIRTUAL_ROWS, the rows in pieces of FETCH_ROWS);
 - ``fetch_states``: what ``fetch_states`` asks (the flat-state keys' pulls, FETCH_VIRTUAL_ROWS at a time);
 - ``snapshot_base``, then ``zipf`` steps and ``snapshot_delta``: a base and a delta of the snapshot chain;
-- ``restore``: the server dropped, then a new one restored from the chain (load_snapshot, KVServer.restore).
+- ``restore``: a new server restored from the chain in a fresh process, as a restarted server is (load_snapshot
+  in pieces, KVServer.restore); its growth is over that process's RSS before it.
 
 Prints per phase the peak RSS, its growth over the RSS before the key existed (mxnet is imported for the optimizer
 pickle) and that growth less the budget: what the issue's target (peak <= budget + 100 MB) is about. The issue's
@@ -23,6 +24,7 @@ import argparse
 import ctypes
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +98,21 @@ class Phases:
         return "\n".join(lines)
 
 
+def restore_only(root: Path, budget: int) -> int:
+    """The restore phase: a new server restored from the snapshot chain in `root` (load_snapshot in pieces, as
+    node.durability loads it, then KVServer.restore); prints its RSS figures as one JSON line."""
+    gc.collect()
+    base = tiered.rss()
+    tiered.HwmTrace._reset()
+    t = time.perf_counter()
+    loaded = snapshots.load_snapshot(root / "snap", 0, pieces=True)
+    fresh = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(root / "disk2")))
+    fresh.restore(loaded.manifest.get("server", {}), loaded.tables)
+    print(json.dumps({"base": base, "entry": base, "peak": tiered._status("VmHWM"),
+                      "seconds": time.perf_counter() - t, "accounted": fresh.lifecycle.accounted(fresh.keys)}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_600_000, help="rows trained (all fresh)")
@@ -108,9 +125,12 @@ def main() -> int:
     parser.add_argument("--rss-trace", action="store_true", help="each traced function's own transient")
     parser.add_argument("--skip", default="", help="phases to skip, comma-separated (fetch_rows, fetch_states, "
                                                    "snapshot, restore)")
+    parser.add_argument("--restore-only", default=None, help=argparse.SUPPRESS)   # (the restore phase's process)
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     budget = parse_bytes(args.budget)
+    if args.restore_only:
+        return restore_only(Path(args.restore_only), budget)
     temp = None if args.dir else tempfile.TemporaryDirectory(prefix="phases-")   # removed at exit
     root = Path(args.dir or temp.name)
     settings = Settings(memory_budget=budget, disk_dir=str(root / "disk"))
@@ -213,18 +233,12 @@ def main() -> int:
         for entry in server.keys.values():
             if getattr(entry, "disk", None) is not None:
                 entry.disk.store.close()
-        del server, handle, workers, w
-        gc.collect()
-        libc.malloc_trim(0)
-
-        def restore() -> KVServer:
-            loaded = snapshots.load_snapshot(root / "snap", 0)
-            fresh = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(root / "disk2")))
-            fresh.restore(loaded.manifest.get("server", {}), loaded.tables)
-            return fresh
-
-        restored = phases.run("restore", restore)
-        phases.rows[-1] = phases.rows[-1][:4] + (restored.lifecycle.accounted(restored.keys),)
+        # in a fresh process, as a restarted server restores: its RSS before is the interpreter's and the modules'
+        child = subprocess.run([sys.executable, __file__, "--restore-only", str(root), "--budget", args.budget],
+                               capture_output=True, text=True, timeout=1800, check=True)
+        got = json.loads(child.stdout.strip().splitlines()[-1])
+        phases.rows.append(("restore", got["entry"] - got["base"] + base, got["peak"] - got["base"] + base,
+                            got["seconds"], got["accounted"]))
     print(f"{args.rows:,} rows trained of a ({args.input_dim:,}, {args.dim}) key (SGD momentum), B={args.batch}, "
           f"budget {args.budget}, fetch pieces {FETCH_ROWS:,} rows / {FETCH_VIRTUAL_ROWS:,} virtual rows")
     print("stats:", {k: stats[k] for k in ("rows", "bytes", "disk_rows", "disk_index_bytes") if k in stats})
