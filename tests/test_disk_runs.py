@@ -232,6 +232,25 @@ def test_a_failed_write_is_a_disk_error_naming_the_directory_and_changes_nothing
     assert after.pop("lookups") == before.pop("lookups") + 20      # (the set looked its ids up before the flush)
     assert after == before and list(tmp_path.iterdir()) == []
     monkeypatch.undo()
+    index.flush()
+    index.set(np.arange(100, 125, dtype=np.uint64), np.ones(25, np.uint32))
+    finish, merge_number = runfile.RunWriter.finish, index._next_number + 1
+
+    def merge_fails(writer):
+        if writer.number == merge_number:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return finish(writer)
+
+    monkeypatch.setattr(runfile.RunWriter, "finish", merge_fails)
+    with pytest.raises(DiskError, match=str(tmp_path)):
+        index.flush()                                   # the flush's run is written; 25 >= 90 / 4: a merge fails
+    monkeypatch.undo()
+    assert index.stats()["runs"] == 2 and len(index) == 115
+    for run, ids in zip(index._runs, [np.arange(90), np.arange(100, 125)]):
+        # the inputs' filters, freed for the merge, read back
+        assert runfile._bloom_test(run.bloom, ids.astype(np.uint64), run.seed).all()
+    np.testing.assert_array_equal(index.lookup(np.arange(90, dtype=np.uint64)), np.arange(90))
+    index.remove(np.arange(100, 125, dtype=np.uint64))
     index.set(np.arange(100, 120, dtype=np.uint64), np.ones(20, np.uint32))
     ref.update({i: 1 for i in range(100, 120)})
     manifest = index.commit()

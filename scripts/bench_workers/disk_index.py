@@ -1,19 +1,21 @@
 """The disk index out of RAM against today's hash index: ``python scripts/bench_workers/disk_index.py``.
 
 Builds an index of ``--rows`` rows (hashed 64-bit ids, in random order) through the API in batches of ``--batch``
-(8192) as the disk tier's demotions would (each id given a record location; a demotion's rows are not on disk,
-so ``set`` is told so and looks nothing up, unless ``--set-looks-up``), once as a
+(8192) as the disk tier's demotions would (each id given a record location; a demotion's rows are not on disk, so
+``set`` is told so and looks nothing up, unless ``--set-looks-up``), once as a
 :class:`~kvstore_lazy.store.disk.runs.RunIndex` (memtable ``--memtable`` entries, ``--bloom-bits`` bits an entry)
 and once as today's hash index (``store.disk.index.new_index(None)``: a RowTable of one uint32 column), then looks
-up batches of ``--batch`` ids: present ids uniform and Zipf(1.2) over the rows, and absent ids. Prints RAM and
-disk bytes per entry, the build rate, and per lookup kind the ids/s and the block reads per id (the run index's
-counters). The run files stay in the page cache (the machine's memory holds them); ``--cold`` also times present
-lookups with the run files dropped from the page cache before each batch (``posix_fadvise(DONTNEED)``): the same
-reads, from the device.
+up batches of ``--batch`` ids: present ids uniform and Zipf(1.2) over the rows, and absent ids. Prints RAM and disk
+bytes per entry (RAM: the index's own count, the process's RSS growth over the build once glibc gave its free heap
+back, and its peak during the build), the build rate, and per lookup kind the ids/s and the block reads per id (the
+run index's counters). The run files stay in the page cache (the machine's memory holds them); ``--cold`` also times
+present lookups with the run files dropped from the page cache before each batch (``posix_fadvise(DONTNEED)``): the
+same reads, from the device.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 import tempfile
@@ -57,7 +59,43 @@ def drop_cache(directory: Path) -> None:
             os.close(fd)
 
 
+def rss(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+
+def reset_peak() -> None:
+    """The process's high-water mark (VmHWM) reset to its RSS now (as tiered.py --rss-trace does)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def grown(before: int) -> tuple[int, int]:
+    """(RSS growth over ``before`` once glibc gave its free heap back (malloc_trim), peak growth since reset_peak)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss() - before, rss("VmHWM") - before
+
+
+def fix_malloc() -> None:
+    """glibc's mmap threshold fixed at 4 MiB and its trim threshold at 16 MiB, as the disk tier fixes them in the
+    server (store/tier.py): freed temporaries go back to the kernel, so the RSS growth is what the index holds."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 4 << 20)
+        libc.mallopt(-1, 16 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
 def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict:
+    before = rss()
+    reset_peak()
     index = RunIndex(directory, memtable_entries=args.memtable, bloom_bits=args.bloom_bits)
     start = time.perf_counter()
     for lo in range(0, args.rows, args.batch):
@@ -67,7 +105,9 @@ def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict
         index.set(hashed(np.arange(lo, lo + n)), np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF), old)
     index.committed(index.commit())
     build = time.perf_counter() - start
-    out = {"ram": index.ram_bytes() / len(index), "disk": index.disk_bytes() / len(index),
+    now, peak = grown(before)
+    out = {"ram": index.ram_bytes() / len(index), "rss": now / len(index), "peak": peak / len(index),
+           "disk": index.disk_bytes() / len(index),
            "build": args.rows / build, "runs": index.stats()["run_entries"],
            "written": index.counters["entries_written"] / args.rows}
     for kind, batches in loads.items():
@@ -92,6 +132,8 @@ def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict
 
 
 def hash_index(args, loads: dict[str, list[np.ndarray]]) -> dict:
+    before = rss()
+    reset_peak()
     index = disk_index.new_index(None)
     start = time.perf_counter()
     for lo in range(0, args.rows, args.batch):
@@ -99,7 +141,9 @@ def hash_index(args, loads: dict[str, list[np.ndarray]]) -> dict:
         slots, _ = disk_index.place(index, hashed(np.arange(lo, lo + n)))
         index.arrays()[0][slots, 0] = np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF)
     build = time.perf_counter() - start
-    out = {"ram": disk_index.index_nbytes(index) / len(index), "disk": 0.0, "build": args.rows / build}
+    now, peak = grown(before)
+    out = {"ram": disk_index.index_nbytes(index) / len(index), "rss": now / len(index), "peak": peak / len(index),
+           "disk": 0.0, "build": args.rows / build}
     locs = index.arrays()[0]
     for kind, batches in loads.items():
         start = time.perf_counter()
@@ -122,6 +166,7 @@ def main() -> None:
     parser.add_argument("--set-looks-up", action="store_true", help="set looks the previous locations up")
     parser.add_argument("--dir", default=None, help="where the run files go (default: a temporary directory)")
     args = parser.parse_args()
+    fix_malloc()
     loads = workloads(args.rows, args.batch, args.batches, seed=1)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         ours = run_index(args, Path(tmp), loads)
@@ -131,6 +176,8 @@ def main() -> None:
           f"{ours['written']:.2f}")
     print(f"{'':28} {'run index':>22} {'hash index (RowTable)':>24}")
     print(f"{'RAM bytes / entry':28} {ours['ram']:>22.3f} {theirs['ram']:>24.2f}")
+    print(f"{'RSS growth / entry':28} {ours['rss']:>22.3f} {theirs['rss']:>24.2f}")
+    print(f"{'peak RSS growth / entry':28} {ours['peak']:>22.3f} {theirs['peak']:>24.2f}")
     print(f"{'disk bytes / entry':28} {ours['disk']:>22.2f} {theirs['disk']:>24.2f}")
     print(f"{'build (set) ids/s':28} {ours['build']:>22,.0f} {theirs['build']:>24,.0f}")
     for kind in [k for k in ours if k.startswith(("present", "absent"))]:

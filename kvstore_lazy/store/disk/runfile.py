@@ -79,8 +79,8 @@ def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, 
 
 def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
     """Set the bits of ``ids``. No sort: ids sharing a block in one assignment overwrite each other (one wins),
-    so the losers go again until every id's bits are set; in pieces of 1/4 of the filter's blocks, so few do."""
-    step = max(256, len(bloom) // 4)
+    so the losers go again until every id's bits are set; in pieces of at most 1/4 of the filter's blocks, so few do."""
+    step = min(max(256, len(bloom) // 4), 1 << 14)     # (a piece's temporaries: ~100 bytes an id)
     rows = bloom.view(_ROW).reshape(-1)                 # a block as one item: gathered and put as a whole
     for lo in range(0, len(ids), step):
         block, masks32 = _bloom_where(ids[lo:lo + step], len(bloom), seed)
@@ -147,6 +147,16 @@ class Run:
 
     def ram_bytes(self) -> int:
         return self.fences.nbytes + self.bloom.nbytes
+
+    def drop_filter(self) -> None:
+        """Free the bloom filter (a merge reads the run whole and needs none; its output's takes the room)."""
+        self.bloom = np.zeros((0, 8), np.uint32)
+
+    def load_filter(self) -> None:
+        """The bloom filter read back from the file (checked), after :meth:`drop_filter`."""
+        again = open_run(self.path, self.fmt)
+        again.close()
+        self.bloom = again.bloom
 
     def close(self) -> None:
         if self.fd >= 0:

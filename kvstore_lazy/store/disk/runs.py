@@ -31,7 +31,7 @@ newest source wins; a tombstone hides older entries.
 Flush and merge. When a set would take the memtable past ``memtable_entries`` it is written first as a new run.
 After each flush the newest runs are merged into one while they sum to at least 1/:data:`MERGE_RATIO` of the run
 before them, so each run is more than 4 times the size of the next newer one: at most ``log4(n / memtable) + 1``
-runs. A merge is a streaming k-way merge in chunks (:data:`CHUNK` entries per input), newest entry of an id kept,
+runs. A merge is a streaming k-way merge in chunks (:data:`CHUNK` entries of all inputs), newest entry of an id kept,
 tombstones dropped when the merge includes the oldest run. Every temporary is bounded by a chunk, a batch or the
 memtable, never by the index's size; a run being written keeps only its fences in RAM and builds its bloom filter
 when its entry count is known (re-reading its own blocks).
@@ -66,7 +66,7 @@ EMPTY = 0xFFFFFFFF                  # lookup's "absent"
 BLOOM_BITS = 10.0
 MEMTABLE_ENTRIES = 1 << 17
 MERGE_RATIO = 4                     # merge the newest runs while they sum to >= 1/4 of the run before them
-CHUNK = 1 << 16                     # entries a merge or an iteration holds per input
+CHUNK = 1 << 16                     # entries a merge holds of all its inputs together
 
 
 class RunIndex:
@@ -316,10 +316,12 @@ class RunIndex:
         return ids[order], self._mem.arrays()[0][:n, 0][order]
 
     def _sources(self, chunk: int) -> list[Iterator[tuple[np.ndarray, np.ndarray]]]:
-        sources = [run.chunks(chunk) for run in self._runs]
+        """Every run's and the memtable's entries, sorted, in pieces that hold about ``chunk`` entries together."""
+        share = max(1, chunk // (len(self._runs) + 1))
+        sources = [run.chunks(share) for run in self._runs]
         if len(self._mem):
             mem_ids, mem_locs = self._memtable_sorted()
-            sources.append(rechunk(iter([(mem_ids, mem_locs)]), chunk))
+            sources.append(rechunk(iter([(mem_ids, mem_locs)]), share))
         return sources
 
     def _write_run(self, stream: Iterator[tuple[np.ndarray, np.ndarray]]) -> Run | None:
@@ -357,8 +359,18 @@ class RunIndex:
             self._merge(j)
 
     def _merge(self, j: int) -> None:
+        """Merge the runs from the ``j``-th on into one. Their filters are freed first, so the output's is built in
+        their room (RAM never past what the index holds before or after); read back if the merge fails."""
         inputs = self._runs[j:]
-        run = self._write_run(merged([r.chunks(CHUNK) for r in inputs], drop_tombstones=j == 0))
+        for old in inputs:
+            old.drop_filter()
+        try:
+            share = max(1, CHUNK // len(inputs))       # (the inputs' pieces held together: about CHUNK entries)
+            run = self._write_run(rechunk(merged([r.chunks(share) for r in inputs], drop_tombstones=j == 0), CHUNK))
+        except BaseException:
+            for old in inputs:
+                old.load_filter()
+            raise
         self._runs[j:] = [] if run is None else [run]
         self.counters["merges"] += 1
         for old in inputs:
