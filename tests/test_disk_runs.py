@@ -197,6 +197,10 @@ def test_a_damaged_run_is_refused_by_name(tmp_path):
     os.truncate(run, size - SMALL)
     with pytest.raises(SegmentError, match=name):
         RunIndex.open(tmp_path, manifest)
+    os.truncate(run, size)
+    twice = dict(manifest, runs=manifest["runs"] * 2)
+    with pytest.raises(SegmentError, match="twice"):
+        RunIndex.open(tmp_path, twice)
     run.unlink()
     with pytest.raises(SegmentError, match=name):
         RunIndex.open(tmp_path, manifest)

@@ -34,7 +34,8 @@ before them, so each run is more than 4 times the size of the next newer one: at
 runs. A merge is a streaming k-way merge in chunks (:data:`CHUNK` entries of all inputs), newest entry of an id kept,
 tombstones dropped when the merge includes the oldest run. Every temporary is bounded by a chunk, a batch or the
 memtable, never by the index's size; a run being written keeps only its fences in RAM and builds its bloom filter
-when its entry count is known (re-reading its own blocks).
+when its entry count is known (re-reading its own blocks), in the room of its inputs' filters, which a merge frees
+first (and reads back from their files if it fails).
 
 Crash consistency. The runs in use are named by :meth:`RunIndex.manifest` (JSON-able). :meth:`RunIndex.commit`
 flushes the memtable (however small) and returns the manifest: every run it lists is durable and the state is
@@ -115,6 +116,8 @@ class RunIndex:
                 raise
             raise SegmentError(f"{directory}: cannot read the index manifest: {exc}") from None
         names = {name for name, _ in listed}
+        if len(names) != len(listed):
+            raise SegmentError(f"{directory}: the index manifest lists a run twice")
         try:
             for name, entries in listed:
                 run = open_run(directory / name, index.fmt)
