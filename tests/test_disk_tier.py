@@ -373,3 +373,12 @@ def test_a_checkpoint_read_of_rows_on_disk_reads_a_chunk_at_a_time_and_promotes_
     assert values.tobytes() == stored["weights"].tobytes()
     assert states.tobytes() == stored["states"][0].tobytes()
     assert sizes and max(sizes) <= 64, sizes
+    # the compiled pull path answers the rows in memory and takes the others from the key MISSING_CHUNK at a time
+    from kvstore_lazy.server import fastpath
+    monkeypatch.setattr(fastpath, "MISSING_CHUNK", 50)
+    sizes.clear()
+    partial = peer.server.fast.partial
+    values = peer.values(workers[0].rsp_pull(KEY, ids))
+    assert peer.server.fast.partial == partial + 1
+    assert values.tobytes() == stored["weights"].tobytes()
+    assert len(sizes) >= len(entry.disk) // 50 and max(sizes) <= 50, sizes

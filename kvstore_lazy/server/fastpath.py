@@ -42,6 +42,7 @@ _ROWS_F32 = mx.command_code(mx.ROW_SPARSE, mx.FLOAT32)
 _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW_DTYPES.items()}
 _I32 = struct.Struct("<i")
 _MAX_LEN = (1 << 31) - 1
+MISSING_CHUNK = 1 << 15       # rows not in memory a pull takes from its key at once (a checkpoint's piece has 262,144)
 _gather_rows = native.gather_rows
 _row_push = native.row_push
 _F32 = np.dtype(np.float32)
@@ -148,12 +149,16 @@ class FastPath:
         """The reply's payload with the rows not in the table: the key makes them (initial values, created or not,
         or wherever a tier keeps them), as it would for the whole pull; they go into the reply where they belong."""
         local_ids = np.frombuffer(missing_ids, np.int64)
-        values = entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin, local_ids), store=store,
-                            known_absent=True)
-        if payload is None:
-            return values          # none of them was in the table
-        rows = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size)
-        rows[np.frombuffer(missing, np.int64)] = np.frombuffer(values, np.float32).reshape(-1, entry.row_size)
+        if payload is None:        # none of them was in the table
+            return entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin, local_ids), store=store,
+                              known_absent=True)
+        rows, where = np.frombuffer(payload, np.float32).reshape(-1, entry.row_size), np.frombuffer(missing, np.int64)
+        # a large pull (a checkpoint's piece) takes its missing rows MISSING_CHUNK at a time: the reply's bytes and
+        # a chunk's, not a second reply's worth of rows beside it
+        for lo in range(0, len(local_ids), MISSING_CHUNK):
+            values = entry.pull(wire.row_pull(msg.sender, msg.meta, key, key + self.begin,
+                                              local_ids[lo:lo + MISSING_CHUNK]), store=store, known_absent=True)
+            rows[where[lo:lo + MISSING_CHUNK]] = np.frombuffer(values, np.float32).reshape(-1, entry.row_size)
         del rows
         return memoryview(payload)
 

@@ -134,14 +134,19 @@ class StateTransfer:
         total = 1 + _chunks(len(ids))
         if len(local_ids) and int(local_ids[-1]) >= total:
             raise BadRequest(key, f"row-listing row {int(local_ids[-1])} beyond the {total} this server has")
-        rows = np.empty((len(local_ids), mx.ROWS_WIDTH))
         header = local_ids == 0
+        listed = np.flatnonzero(~header)
+        chunk = local_ids[listed].astype(np.int64) - 1
+        first, last = (int(chunk[0]), int(chunk[-1])) if len(chunk) else (0, -1)
+        if not header.any() and last - first + 1 == len(chunk):     # rows first .. last (a checkpoint's piece)
+            rows = np.full((len(chunk), mx.ROWS_WIDTH), -1.0)
+            part = ids[first * mx.ROWS_WIDTH:(last + 1) * mx.ROWS_WIDTH]
+            rows.reshape(-1)[:len(part)] = part
+            return rows
+        rows = np.empty((len(local_ids), mx.ROWS_WIDTH))
         if header.any():
             rows[header] = self._header(queried, ids).row()
-        listed = np.flatnonzero(~header)
         if len(listed):
-            chunk = local_ids[listed].astype(np.int64) - 1
-            first, last = int(chunk.min()), int(chunk.max())
             window = np.full((last - first + 1) * mx.ROWS_WIDTH, -1.0)
             part = ids[first * mx.ROWS_WIDTH:(last + 1) * mx.ROWS_WIDTH]
             window[:len(part)] = part

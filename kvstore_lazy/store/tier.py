@@ -37,7 +37,7 @@ DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion
                                 # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
-READ_CHUNK = 1 << 15            # records a read of many rows (a checkpoint's piece) holds at once (read_field)
+READ_CHUNK = 1 << 13            # records a read of many rows (a checkpoint's piece) holds at once (read_field): ~2 MB
 _FIXED: list = []
 
 

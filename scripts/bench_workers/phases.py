@@ -190,6 +190,7 @@ def main() -> int:
                 got = np.frombuffer(reply.data[1], np.float64)
                 ids[at:at + len(got)] = got
                 at += len(got)
+                del reply, got
         return ids[:count]
 
     def fetch_rows() -> int:
@@ -198,6 +199,7 @@ def main() -> int:
         for lo in range(0, len(ids), FETCH_ROWS):
             for _, reply in server.handle(w.rows(ids[lo:lo + FETCH_ROWS], None)):
                 got += len(reply.data[1]) // (4 * args.dim) if len(reply.data) > 1 else 0
+                del reply           # (sent: a server holds no reply while it makes the next)
         assert server.bad_requests == 0
         return got
 
@@ -210,6 +212,7 @@ def main() -> int:
             for _, reply in server.handle(pull_virtual(w, mx.flat_state_key(0), rows[lo:lo + FETCH_VIRTUAL_ROWS],
                                                        ROW_SPARSE_F32)):
                 got += len(reply.data[1])
+                del reply
         assert server.bad_requests == 0
         return got
 
