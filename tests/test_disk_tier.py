@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvstore_lazy.server.lifecycle import Settings
-from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH
+from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH
 from kvstore_lazy.store import tier as tier_module
 from kvstore_lazy.store.segments import DenseIndex
 from test_lifecycle import KEY, ROWS, key_stats, server, streams, sync_round
@@ -345,13 +345,16 @@ def test_a_budget_the_disk_index_outgrows_is_named_as_the_cause(tmp_path, caplog
     assert "not declared lazy" not in said[0]
 
 
-def test_a_checkpoint_read_of_rows_on_disk_reads_a_chunk_at_a_time_and_promotes_none(tmp_path, monkeypatch):
+@pytest.mark.parametrize("materialize", [MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH])
+def test_a_checkpoint_read_of_rows_on_disk_reads_a_chunk_at_a_time_and_promotes_none(tmp_path, monkeypatch,
+                                                                                    materialize):
     """A worker checkpoint pulls every row, far more than the budget holds: the rows on disk are read in place, at
-    most READ_CHUNK records at once (not a record per row asked for), none promoted; values and states as stored."""
+    most READ_CHUNK records at once (not a record per row asked for), none promoted, also where pulls create rows
+    (touch); values and states as stored."""
     monkeypatch.setattr(tier_module, "READ_CHUNK", 64)
     monkeypatch.setattr(tier_module, "CACHE_ROWS", 64)
     settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path))
-    peer, workers = server(settings=settings, materialize=MATERIALIZE_ON_PUSH)
+    peer, workers = server(settings=settings, materialize=materialize)
     for step, per_worker in enumerate(streams(rounds=30, span=20_000, batch=100)):
         sync_round(peer, workers, per_worker, step)
     entry = peer.server.keys[KEY]

@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--rss-trace", action="store_true", help="each traced function's own transient")
     parser.add_argument("--skip", default="", help="phases to skip, comma-separated (fetch_rows, fetch_states, "
                                                    "snapshot, restore)")
+    parser.add_argument("--materialize", default="push", help="KVSTORE_LAZY_MATERIALIZE (push, touch)")
     parser.add_argument("--restore-only", default=None, help=argparse.SUPPRESS)   # (the restore phase's process)
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -134,7 +135,7 @@ def main() -> int:
     temp = None if args.dir else tempfile.TemporaryDirectory(prefix="phases-")   # removed at exit
     root = Path(args.dir or temp.name)
     settings = Settings(memory_budget=budget, disk_dir=str(root / "disk"))
-    server, workers, handle = start("sgd", lifecycle=settings)
+    server, workers, handle = start("sgd", lifecycle=settings, materialize=args.materialize)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.input_dim, args.dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))

@@ -208,7 +208,7 @@ class RowSparseKey(RowKeySnapshots):
             if on_disk.any():
                 self.disk.read_weights(row_ids[on_disk], rows, np.flatnonzero(on_disk))
         elif store or self.spec is None:
-            rows = self._table.weights(self._slots_for(row_ids))
+            rows = self._pull_stored(row_ids)
         else:
             # (with no disk tier, rows the caller found absent are not looked up again)
             if known_absent:        # none of them is in the table (a disk tier may have them)
@@ -243,6 +243,24 @@ class RowSparseKey(RowKeySnapshots):
                     absent = absent[~on_disk]
                 rows[absent] = self.initial_rows(row_ids[absent])
         return reply_bytes(rows, self.dtype)
+
+    def _pull_stored(self, row_ids: np.ndarray) -> np.ndarray:
+        """A pull's rows where absent rows are created (KVSTORE_LAZY_MATERIALIZE=touch, or a key not declared lazy):
+        rows on disk come back while the memory budget has room for them, else they are read where they are (a
+        worker checkpoint lists and pulls every row: that must not bring the disk tier into memory; the push after
+        a training pull brings them, from the records the read keeps)."""
+        if self.disk is None or not len(self.disk):
+            return self._table.weights(self._slots_for(row_ids))
+        cold = self._table.lookup(row_ids) < 0
+        if self.policy.lifecycle.headroom() >= int(cold.sum()) * self._table.row_nbytes:
+            return self._table.weights(self._slots_for(row_ids))
+        on_disk = cold.copy()
+        on_disk[cold] = self.disk.contains(row_ids[cold])
+        self.disk.count(hits=len(row_ids) - int(cold.sum()), misses=int(on_disk.sum()))
+        rows = np.empty((len(row_ids), self.row_size), self._table.dtype)
+        rows[~on_disk] = self._table.weights(self._slots_for(row_ids[~on_disk], promoted=True))
+        self.disk.read_weights(row_ids[on_disk], rows, np.flatnonzero(on_disk))
+        return rows
 
     # -- what the compiled fast path may take (server/fastpath.py)
 
