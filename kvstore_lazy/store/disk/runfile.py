@@ -320,7 +320,7 @@ class RunWriter:
         footer["magic"], footer["number"], footer["entries"] = _MAGIC, self.number, self.entries
         footer["tombstones"], footer["blocks"], footer["bloom_blocks"] = self.tombstones, self.blocks, len(bloom)
         footer["block_bytes"], footer["last"], footer["seed"] = fmt.block_bytes, self.last, _SEED
-        footer["fences_crc"], footer["bloom_crc"] = zlib.crc32(fences.tobytes()), zlib.crc32(bloom.tobytes())
+        footer["fences_crc"], footer["bloom_crc"] = zlib.crc32(fences.data), zlib.crc32(bloom.data)
         block = np.zeros((1, fmt.block_bytes), np.uint8)
         block[0, :_FOOTER.itemsize] = footer.view(np.uint8)
         _seal_footer(block, fmt, self.number)
@@ -342,6 +342,17 @@ class RunWriter:
 def _seal_footer(block: np.ndarray, fmt: Format, number: int) -> None:
     words = block.view(np.uint32)
     kernels.record_seal(words, fmt.mult, np.array([(~number) & 0xFFFFFFFF], np.uint32), 0)
+
+
+def _read_into(f, array: np.ndarray) -> np.ndarray:
+    """``array`` filled from the file's position on, without a copy (SegmentError-worthy OSError if it ends)."""
+    view = array.data.cast("B")
+    while len(view):
+        got = f.readinto(view)
+        if not got:
+            raise OSError(0, "the file ends early")
+        view = view[got:]
+    return array
 
 
 def open_run(path: Path, fmt: Format) -> Run:
@@ -366,14 +377,14 @@ def open_run(path: Path, fmt: Format) -> Run:
             if size != want:
                 raise SegmentError(f"index run {path} has {size} bytes, its footer says {want}")
             f.seek(blocks * bb)
-            fences = np.frombuffer(f.read(8 * blocks), np.uint64).copy()
+            fences = _read_into(f, np.empty(blocks, np.uint64))
             f.seek((blocks + _pad_blocks(8 * blocks, bb)) * bb)
-            bloom = np.frombuffer(f.read(32 * bloom_blocks), np.uint32).reshape(bloom_blocks, 8).copy()
+            bloom = _read_into(f, np.empty((bloom_blocks, 8), np.uint32))
     except OSError as exc:
         raise SegmentError(f"index run {path}: cannot read it: {exc.strerror or exc}") from None
-    if zlib.crc32(fences.tobytes()) != int(footer["fences_crc"]):
+    if zlib.crc32(fences.data) != int(footer["fences_crc"]):
         raise SegmentError(f"index run {path}: damaged fences (failed check)")
-    if zlib.crc32(bloom.tobytes()) != int(footer["bloom_crc"]):
+    if zlib.crc32(bloom.data) != int(footer["bloom_crc"]):
         raise SegmentError(f"index run {path}: damaged bloom filter (failed check)")
     return Run(path, fmt, footer, fences, bloom)
 
