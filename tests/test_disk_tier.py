@@ -385,3 +385,29 @@ def test_a_checkpoint_read_of_rows_on_disk_reads_a_chunk_at_a_time_and_promotes_
     assert peer.server.fast.partial == partial + 1
     assert values.tobytes() == stored["weights"].tobytes()
     assert len(sizes) >= len(entry.disk) // 50 and max(sizes) <= 50, sizes
+
+
+def test_a_restore_of_optimizer_states_writes_rows_on_disk_where_they_are(tmp_path):
+    """A worker restoring a checkpoint's optimizer states sets every row's (restore_states: one push per state of
+    all the rows the server holds): rows on disk take their new state on disk, none promoted, every other part of
+    them as it was; rows in memory take it there."""
+    settings = Settings(memory_budget=BUDGET, disk_dir=str(tmp_path))
+    peer, workers = server(settings=settings, materialize=MATERIALIZE_ON_PUSH)
+    for step, per_worker in enumerate(streams(rounds=30, span=20_000, batch=100)):
+        sync_round(peer, workers, per_worker, step)
+    entry = peer.server.keys[KEY]
+    before = entry.all_rows()
+    ids = before["row_ids"]
+    counts = (len(entry._table), len(entry.disk), entry.disk.counters["promoted"])
+    assert counts[1] > 100
+    new = np.arange(len(ids) * entry.row_size, dtype=np.float32).reshape(len(ids), entry.row_size) / 7
+    entry.set_state_rows(ids, 0, new.reshape(-1))
+    assert (len(entry._table), len(entry.disk), entry.disk.counters["promoted"]) == counts
+    after = entry.all_rows()
+    assert after["row_ids"].tobytes() == ids.tobytes()
+    assert after["states"][0].tobytes() == new.tobytes()
+    assert after["weights"].tobytes() == before["weights"].tobytes()
+    assert [s.tobytes() for s in after["states"][1:]] == [s.tobytes() for s in before["states"][1:]]
+    assert {n: c.tobytes() for n, c in after["columns"].items()} == \
+        {n: c.tobytes() for n, c in before["columns"].items()}
+    assert entry.state_rows(ids, 0).tobytes() == new.tobytes()

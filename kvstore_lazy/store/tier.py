@@ -426,6 +426,19 @@ class DiskTier:
         self._cache.add(self.store.version, ids[order], records)
         kernels.scatter_fields(records, at[order], [(out, w)])
 
+    @_fatal
+    def write_field(self, row_ids, field: str, values: np.ndarray) -> None:
+        """Set ``field`` of the payload (``"s0"``, ...) of rows on disk (all present) to ``values`` (rows in the order
+        of ``row_ids``), where they are: READ_CHUNK records read, changed and written back at a time (a worker
+        restoring a checkpoint's optimizer states sets every row's: they must not all come into memory)."""
+        ids = as_row_ids(row_ids)
+        for lo in range(0, len(ids), READ_CHUNK):
+            order, records = self.store.get_records(ids[lo:lo + READ_CHUNK])
+            records["payload"][field] = values[lo:lo + READ_CHUNK][order]
+            version = self.store.version
+            self.store.rewrite(records)
+            self._cache.forget(version, self.store.version, records["id"])
+
     def read_pieces(self, row_ids):
         """:meth:`read` of many rows, READ_CHUNK at a time: ``(lo, rows)`` for ``row_ids[lo:lo + READ_CHUNK]``
         (a caller that needs whole rows, not one part: its transient is a chunk's, not all of them at once)."""

@@ -109,9 +109,19 @@ class RowKeyStates(RowKeyDisk):
         return self._table.states(slots)[index]
 
     def set_state_rows(self, row_ids: np.ndarray, index: int, values: np.ndarray) -> None:
-        """Write optimizer state `index` of rows `row_ids` (created with their initial values if absent)."""
+        """Write optimizer state `index` of rows `row_ids` (created with their initial values if absent). Rows on
+        disk are written where they are unless the memory budget has room for them (a worker restoring a
+        checkpoint's states sets every row's: that must not bring the disk tier into memory)."""
         if index >= self.num_states:
             raise IndexError(f"key {self.key} has {self.num_states} optimizer states, not {index + 1}")
+        if self.disk is not None and len(self.disk) and self.history is None:
+            cold = self._table.lookup(row_ids) < 0
+            on_disk = cold.copy()
+            on_disk[cold] = self.disk.contains(row_ids[cold])
+            if on_disk.any() and self.policy.lifecycle.headroom() < int(on_disk.sum()) * self._table.row_nbytes:
+                values = values.reshape(len(row_ids), self.row_size).astype(self._table.dtype)
+                self.disk.write_field(row_ids[on_disk], f"s{index}", values[on_disk])
+                row_ids, values = row_ids[~on_disk], values[~on_disk]
         slots = self._slots_for(row_ids)
         states = self._table.states(slots)
         states[index] = values.reshape(len(row_ids), self.row_size).astype(self._table.dtype)
