@@ -411,3 +411,33 @@ def test_a_restore_of_optimizer_states_writes_rows_on_disk_where_they_are(tmp_pa
     assert {n: c.tobytes() for n, c in after["columns"].items()} == \
         {n: c.tobytes() for n, c in before["columns"].items()}
     assert entry.state_rows(ids, 0).tobytes() == new.tobytes()
+
+
+@pytest.mark.parametrize("index", [None, "dense"])
+def test_an_init_with_rows_under_a_budget_goes_in_chunks_within_it(tmp_path, monkeypatch, index):
+    """A worker loading a checkpoint inits the key with every row it saved: with a disk tier they go in INIT_CHUNK
+    at a time with the budget's pass after each, so the table ends within the budget (not the whole checkpoint in
+    memory until the first round ends), the rows where they belong, the same as without a budget."""
+    from fakepeer import WORKER0, Requests
+    from kvstore_lazy.protocol import mxnet as proto
+    from kvstore_lazy.server.core import KVServer
+    from kvstore_lazy.server.keys import row_sparse
+    from kvstore_lazy.worker import lazy_spec_body
+    from test_lifecycle import DIM, UNIFORM
+    from test_server import Peer
+    monkeypatch.setattr(row_sparse, "INIT_CHUNK", 100)
+    # (the dense index: its cost is fixed, so the budget holds it whatever goes to disk)
+    budget = 0 if index is None else budget_for(index, monkeypatch)
+    settings = Settings(memory_budget=budget, disk_dir=str(tmp_path) if budget else "")
+    peer, w = Peer(KVServer(0, 1, 1, lifecycle=settings)), Requests(WORKER0)
+    peer.ok(w.command(proto.LAZY_DECLARE, lazy_spec_body(KEY, (ROWS, DIM), "float32", UNIFORM, 3)))
+    ids = np.arange(5, ROWS, 23)[:3000]
+    values = (ids[:, None] * 0.001 + np.arange(DIM)).astype(np.float32)
+    peer.ok(w.rsp_push(KEY, ids, values))
+    entry = peer.server.keys[KEY]
+    rows = entry.all_rows()
+    assert rows["row_ids"].astype(np.int64).tolist() == ids.tolist()
+    assert rows["weights"].tobytes() == values.tobytes()
+    if budget:
+        assert len(entry.disk) > len(ids) // 2 and len(entry.disk) + len(entry._table) == len(ids)
+        assert peer.server.lifecycle.accounted(peer.server.keys) <= budget

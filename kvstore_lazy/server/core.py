@@ -294,7 +294,7 @@ class KVServer:
             num_states = self.optimizer.num_states() if self.optimizer is not None else 0
             self.keys[request.key] = RowSparseKey.first_push(
                 request, self.specs.get(request.key), self._storage_dtype(request.dtype), num_states,
-                self.num_servers, self.rank, self.lifecycle, self.optimizer)
+                self.num_servers, self.rank, self.lifecycle, self.optimizer, self.keys)
             return [wire.reply(request.sender, request.meta)]
         return self.train_push(request, entry, entry.gradient(request))
 

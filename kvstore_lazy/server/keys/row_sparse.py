@@ -19,6 +19,9 @@ from kvstore_lazy.server.lifecycle import Lifecycle
 from kvstore_lazy.store import kernels
 
 
+INIT_CHUNK = 1 << 16     # rows an init push with rows stores between budget passes (with a disk tier)
+
+
 def reply_bytes(rows: np.ndarray, dtype: np.dtype) -> memoryview:
     """A pull's rows as its reply's payload in the wire dtype, without a copy when they are in it already: `rows`
     is the pull's own array (nothing writes it afterwards), so the reply holds one copy of the rows asked for,
@@ -46,9 +49,12 @@ class RowSparseKey(RowKeySnapshots):
     @classmethod
     def first_push(cls, request: DataRequest, spec: LazySpec | None, storage_dtype: np.dtype, num_states: int,
                    num_servers: int, rank: int, lifecycle: Lifecycle | None = None,
-                   optimizer: Optimizer | None = None) -> "RowSparseKey":
+                   optimizer: Optimizer | None = None, keys: dict | None = None) -> "RowSparseKey":
         """The init push: a declared key takes its shape from the declaration (its init may carry no rows); any
-        other key gets the rows the init carries, and those are all the rows it has."""
+        other key gets the rows the init carries, and those are all the rows it has. With a disk tier the rows
+        (a worker's checkpoint being loaded: every row it saved) go in INIT_CHUNK at a time, the memory budget's
+        pass over the server's `keys` and this one after each, so that they do not all stay in memory until the
+        first round ends."""
         values = request.values
         if spec is not None:
             if request.dtype != spec.dtype:
@@ -81,8 +87,14 @@ class RowSparseKey(RowKeySnapshots):
         entry.check_rows(request.local_ids)
         if len(request.local_ids):
             # Rows given at init are stored as sent (this is also how a checkpoint is restored).
-            slots = entry._slots_for(entry.row_ids_of(request.local_ids), entry._zeros)
-            entry._table.set_weights(slots, values.astype(entry._table.dtype))
+            row_ids = entry.row_ids_of(request.local_ids)
+            step = INIT_CHUNK if entry.disk is not None and lifecycle is not None else len(row_ids)
+            for lo in range(0, len(row_ids), step):
+                slots = entry._slots_for(row_ids[lo:lo + step], entry._zeros)
+                entry._table.set_weights(slots, values[lo:lo + step].astype(entry._table.dtype))
+                if step < len(row_ids):
+                    assert lifecycle is not None
+                    lifecycle.enforce_budget({**(keys or {}), request.key: entry})
         return entry
 
     # -- push, apply, pull
