@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-LOAD_CHUNK = 1 << 16            # rows a piece (~8 MB of weights at D=32)
+LOAD_CHUNK = 1 << 16            # rows a piece (8 MiB of weights at D=32),
+LOAD_BYTES = 8 << 20            # and at most this many bytes
 _LOCAL = struct.Struct("<4s5H3L2H")      # a zip local file header (30 bytes)
 
 
@@ -62,7 +63,9 @@ def open_members(path: Path, names: list[str], chunk: int | None = None) -> dict
             if offset - start + int(np.prod(shape)) * dtype.itemsize != info.file_size:
                 raise SnapshotError(f"{path}: member {name!r} holds {info.file_size} bytes, not its header and {shape} "
                              f"{dtype}")
-            out[name] = MemberPieces(path, name, start, offset, tuple(shape), dtype, info.CRC, chunk or LOAD_CHUNK)
+            row_bytes = max(1, int(np.prod(shape[1:])) * dtype.itemsize)
+            step = chunk or min(LOAD_CHUNK, max(1024, LOAD_BYTES // row_bytes))
+            out[name] = MemberPieces(path, name, start, offset, tuple(shape), dtype, info.CRC, step)
     return out
 
 

@@ -71,7 +71,13 @@ def _grown_capacity(capacity: int, needed: int) -> int:
 KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
 
 
-EXPORT_CHUNK = 1 << 16  # rows a streamed export (RowTable.export_pieces) or a load copies at once (~17 MB at D=32)
+EXPORT_CHUNK = 1 << 16  # rows a streamed export (RowTable.export_pieces) or a load copies at once,
+EXPORT_BYTES = 8 << 20  # and at most this many bytes of an array (8 MiB: 65,536 rows of D=32 float32)
+
+
+def _chunk(row_bytes: int) -> int:
+    return min(EXPORT_CHUNK, max(1024, EXPORT_BYTES // max(1, row_bytes)))
+
 
 class Arena:
     """A growable array of ``capacity`` rows of ``row_shape`` in an anonymous memory mapping; rows start zero.
@@ -510,9 +516,9 @@ class RowTable:
         ids = self._index.row_ids() if slots is None else self._index.ids_at(slots)
         order = np.argsort(ids, kind="stable")
         order = order if slots is None else np.asarray(slots, np.int64)[order]
-        keys, chunk = self._index._keys, chunk or EXPORT_CHUNK
-        arena = lambda a: Pieces(a.take, order, a.row_shape, a.dtype, chunk)   # noqa: E731
-        return {"row_ids": Pieces(lambda at: keys.array[at], order, (), np.uint64, chunk),
+        keys = self._index._keys
+        arena = lambda a: Pieces(a.take, order, a.row_shape, a.dtype, chunk or _chunk(a.row_bytes))   # noqa: E731
+        return {"row_ids": Pieces(lambda at: keys.array[at], order, (), np.uint64, chunk or _chunk(8)),
                 "weights": arena(self._arenas[0]), "states": [arena(a) for a in self._arenas[1:]],
                 "columns": {name: arena(a) for name, a in self._columns.items()}}
 
@@ -536,7 +542,7 @@ class RowTable:
                     track_changes=track_changes, buckets=buckets)
         # EXPORT_CHUNK rows at a time: arrays in pieces (a snapshot's, from its file) are never whole beside the table
         fill(table, ids, [weights, *rows["states"], *given.values()], len(rows["states"]), list(given), dtype,
-             EXPORT_CHUNK)
+             _chunk(table.row_nbytes))
         return table
 
     def changes(self, pieces: bool = False) -> dict:

@@ -37,7 +37,9 @@ DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion
                                 # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
+CACHE_BYTES = 16 << 20          # and at most this many bytes of them (wide rows: fewer records)
 READ_CHUNK = 1 << 13            # records a read of many rows (a checkpoint's piece) holds at once (read_field): ~2 MB
+READ_BYTES = 4 << 20            # and at most this many bytes of them
 _FIXED: list = []
 
 
@@ -201,7 +203,9 @@ class DiskTier:
                                f"{self.record}")
         self.store = store
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self._cache = RecordCache(CACHE_ROWS, store.record_dtype)      # records read in place: see read
+        size = store.record_dtype.itemsize
+        self._cache = RecordCache(min(CACHE_ROWS, max(1024, CACHE_BYTES // size)), store.record_dtype)   # see read
+        self._read_chunk = min(READ_CHUNK, max(64, READ_BYTES // size))
 
     @classmethod
     def open(cls, path, table: RowTable, verify: bool = True,
@@ -415,11 +419,12 @@ class DiskTier:
             if not len(ids):
                 return
         del cached_records
-        if len(ids) > CACHE_ROWS:      # more than the cache keeps (as RecordCache.add would: none of them)
+        if len(ids) > self._cache.limit:       # more than the cache keeps (as RecordCache.add would: none of them)
             self._cache.clear()
-            for lo in range(0, len(ids), READ_CHUNK):
-                order, records = self.store.get_records(ids[lo:lo + READ_CHUNK])
-                kernels.scatter_fields(records, at[lo:lo + READ_CHUNK][order], [(out, w)])
+            step = self._read_chunk
+            for lo in range(0, len(ids), step):
+                order, records = self.store.get_records(ids[lo:lo + step])
+                kernels.scatter_fields(records, at[lo:lo + step][order], [(out, w)])
                 del records
             return
         order, records = self.store.get_records(ids)
@@ -432,9 +437,10 @@ class DiskTier:
         of ``row_ids``), where they are: READ_CHUNK records read, changed and written back at a time (a worker
         restoring a checkpoint's optimizer states sets every row's: they must not all come into memory)."""
         ids = as_row_ids(row_ids)
-        for lo in range(0, len(ids), READ_CHUNK):
-            order, records = self.store.get_records(ids[lo:lo + READ_CHUNK])
-            records["payload"][field] = values[lo:lo + READ_CHUNK][order]
+        step = self._read_chunk
+        for lo in range(0, len(ids), step):
+            order, records = self.store.get_records(ids[lo:lo + step])
+            records["payload"][field] = values[lo:lo + step][order]
             version = self.store.version
             self.store.rewrite(records)
             self._cache.forget(version, self.store.version, records["id"])
@@ -442,8 +448,9 @@ class DiskTier:
     def read_pieces(self, row_ids):
         """:meth:`read` of many rows, READ_CHUNK at a time: ``(lo, rows)`` for ``row_ids[lo:lo + READ_CHUNK]``
         (a caller that needs whole rows, not one part: its transient is a chunk's, not all of them at once)."""
-        for lo in range(0, len(row_ids), READ_CHUNK):
-            yield lo, self.read(row_ids[lo:lo + READ_CHUNK])
+        step = self._read_chunk
+        for lo in range(0, len(row_ids), step):
+            yield lo, self.read(row_ids[lo:lo + step])
 
     def chunks(self, chunk: int = 1 << 16):
         """Every row on disk, ascending by id, ``chunk`` rows at a time, as :meth:`read` gives them."""
