@@ -185,10 +185,13 @@ class StateTransfer:
                 flat = entry.state(state).reshape(-1)[lo:hi]
         except (IndexError, KeyError) as exc:
             raise BadRequest(vkey, str(exc).strip("'\"")) from None
+        whole = len(request.local_ids) == last - first + 1      # every row of the window (sorted, unique: checked)
+        if whole and isinstance(entry, RowSparseKey) and len(flat) == (last - first + 1) * mx.ROWS_WIDTH:
+            return flat.reshape(-1, mx.ROWS_WIDTH)      # (state_rows' own array: no second copy of a piece)
         window = np.zeros((last - first + 1) * mx.ROWS_WIDTH, np.float32)
         window[:len(flat)] = flat
         del flat
-        if len(request.local_ids) == last - first + 1:     # every row of the window (sorted, unique: checked)
+        if whole:
             return window.reshape(-1, mx.ROWS_WIDTH)
         return window.reshape(-1, mx.ROWS_WIDTH)[request.local_ids - first]
 
