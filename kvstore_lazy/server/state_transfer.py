@@ -57,6 +57,7 @@ class StateTransfer:
         if sender not in self.listings and len(self.listings) >= MAX_LISTINGS:
             raise ValueError(f"{MAX_LISTINGS} nodes already have a row listing open")
         entry = self.server.keys.get(key)
+        self.listings.pop(sender, None)      # (its last listing goes first: 8 bytes a row of a key, not twice)
         ids = entry.row_ids() if isinstance(entry, RowSparseKey) else np.zeros(0, np.uint64)
         self.listings[sender] = (key, ids)
 
