@@ -61,16 +61,17 @@ from kvstore_lazy.store.disk import rewrite as disk_rewrite
 from kvstore_lazy.store.disk import verify as disk_verify
 from kvstore_lazy.store.disk.errors import DiskError, SegmentError
 from kvstore_lazy.store.disk.files import create_segment, fsync_path, link_or_copy, segment_name
-from kvstore_lazy.store.disk.index import INDEX_LOAD, INDEX_RESERVE, DenseIndex
+from kvstore_lazy.store.disk.index import EMPTY, DenseIndex, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import FORMAT, MAX_SLOTS_BITS, RecordLayout, dtype_from_json
 from kvstore_lazy.store.disk.pools import executor
 from kvstore_lazy.store.disk.reads import Reads, Take, uring
 from kvstore_lazy.store.disk.records import join, pick, put_at
 from kvstore_lazy.store.disk.writer import Writer
-from kvstore_lazy.store.rows import RowTable, as_row_ids
+from kvstore_lazy.store.disk.runs import MEMTABLE_ENTRIES
+from kvstore_lazy.store.rows import as_row_ids
 
 __all__ = ["SegmentStore", "Take", "SegmentError", "DiskError", "DenseIndex", "DEFAULT_SEGMENT_ROWS",
-           "DEFAULT_COMPACT_RATIO", "FORMAT", "MAX_SLOTS_BITS", "INDEX_LOAD", "INDEX_RESERVE", "executor", "fsync_path",
+           "DEFAULT_COMPACT_RATIO", "FORMAT", "MAX_SLOTS_BITS", "MEMTABLE_ENTRIES", "RunIndex", "executor", "fsync_path",
            "link_or_copy", "pick", "put_at", "join"]
 
 DEFAULT_SEGMENT_ROWS = 1 << 16
@@ -92,9 +93,10 @@ class SegmentStore:
 
     def __init__(self, path, payload_dtype: np.dtype, segment_rows: int = DEFAULT_SEGMENT_ROWS,
                  compact_ratio: float = DEFAULT_COMPACT_RATIO, rows: tuple[int, int] | None = None,
-                 _create: bool = True) -> None:
+                 memtable_entries: int = MEMTABLE_ENTRIES, _create: bool = True) -> None:
         """With ``rows`` = (first, count), every row id stored is in [first, first + count): the index is a
-        :class:`DenseIndex` (4 bytes a possible row), else a hash index (17-22 bytes a stored row)."""
+        :class:`DenseIndex` (4 bytes a possible row), else a :class:`RunIndex` in the store's directory (about 1.4
+        bytes a stored row, its memtable of at most ``memtable_entries`` entries aside)."""
         self.path = Path(path)
         self.layout = layout = RecordLayout(payload_dtype, segment_rows)
         if not 0.0 < compact_ratio <= 1.0:
@@ -106,7 +108,9 @@ class SegmentStore:
         self._shift, self._words, self._mult = layout.shift, layout.words, layout.mult
         self._checks, self._checks_numpy = layout.checks, layout.checks_numpy
         self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
-        self._index: RowTable | DenseIndex = disk_index.new_index(self.rows)
+        self.memtable_entries = int(memtable_entries)
+        self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else None  # type: ignore
+        self._bits: LiveBits | None = None if self.rows is not None else LiveBits(layout.segment_rows, layout.shift)
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
@@ -126,18 +130,23 @@ class SegmentStore:
             if (self.path / "store.json").exists() or (self.path / "index.npz").exists():
                 raise SegmentError(f"{self.path} already holds a segment store (open it instead)")
             disk_commit.write_layout(self)
+            if self.rows is None:
+                self._index = disk_index.new_index(None, self.path, self.memtable_entries)
             self.commit()
 
     @classmethod
-    def open(cls, path, verify: bool = True, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "SegmentStore":
+    def open(cls, path, verify: bool = True, compact_ratio: float = DEFAULT_COMPACT_RATIO,
+             memtable_entries: int = MEMTABLE_ENTRIES) -> "SegmentStore":
         """The store in ``path`` as of its last commit. With ``verify`` every committed record is checked (a damaged
-        segment is a SegmentError naming it)."""
+        segment or index run is a SegmentError naming it). A store committed with the hash index of earlier
+        versions (every id in ``index.npz``) is converted into index runs (committed at its next commit)."""
         path = Path(path)
         try:
             layout = disk_commit.read_layout(path)
             rows = layout.get("rows")
             store = cls(path, dtype_from_json(layout["payload"]), int(layout["segment_rows"]), compact_ratio,
-                        rows=None if rows is None else (int(rows[0]), int(rows[1])), _create=False)
+                        rows=None if rows is None else (int(rows[0]), int(rows[1])),
+                        memtable_entries=memtable_entries, _create=False)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if isinstance(exc, SegmentError):
                 raise
@@ -154,7 +163,7 @@ class SegmentStore:
         return len(self._index)
 
     def contains(self, row_ids) -> np.ndarray:
-        return self._index.lookup(as_row_ids(row_ids)) >= 0
+        return self._index.lookup(as_row_ids(row_ids)) != EMPTY
 
     def put(self, row_ids, payload: np.ndarray) -> None:
         """Write the records of ``row_ids`` (unique; present ones are replaced), payload rows in their order."""
@@ -177,15 +186,18 @@ class SegmentStore:
         records["id"] = ids
         return records
 
-    def put_records(self, records: np.ndarray, handoff: bool = False) -> None:
+    def put_records(self, records: np.ndarray, handoff: bool = False, absent: bool = False) -> None:
         """Write records made by :meth:`new_records` (present ids are replaced). With ``handoff`` the caller hands
         ``records`` over (it never touches them again): they are indexed at once and written by the writer thread
         while the caller goes on (their segment space is reserved first, so a full disk is a DiskError here, as
-        without; a failed write is a DiskError at the next call that waits for it, see :meth:`Writer.settle`)."""
+        without; a failed write is a DiskError at the next call that waits for it, see :meth:`Writer.settle`).
+        With ``absent`` the caller knows none of the ids is stored (a demotion: a row is in one tier): the index
+        is not asked for their previous locations."""
         if records.dtype != self.record_dtype or records.ndim != 1:
             raise ValueError(f"records of dtype {records.dtype} shape {records.shape}, want {self.record_dtype} (n,)")
         if len(records):
-            self._append(np.ascontiguousarray(records), later=handoff)
+            self._append(np.ascontiguousarray(records), later=handoff,
+                         old=np.full(len(records), EMPTY, np.uint32) if absent else None)
 
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
@@ -216,20 +228,20 @@ class SegmentStore:
         disk tier places the rows in its table and drops them from the index: the read does not look at either).
         Take.records() must be called before anything else reads or changes this store's files."""
         ids = as_row_ids(row_ids)
-        index = self._index.lookup(ids)
-        present = index >= 0
-        index = index[present]
-        finish = self._start_read(ids[present], self._locations(index)) if len(index) else None
-        return Take(self, present, index, finish)
+        locs = self._index.lookup(ids)
+        present = locs != EMPTY
+        ids, locs = ids[present], locs[present]
+        finish = self._start_read(ids, locs) if len(locs) else None
+        return Take(self, present, ids, locs, finish)
 
     def get_records(self, row_ids) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`get` as whole records in file order: ``(order, records)``, ``records[j]`` (checked) the record of
         ``row_ids[order[j]]`` (all present: else KeyError)."""
         ids = as_row_ids(row_ids)
-        index = self._index.lookup(ids)
-        if (index < 0).any():
-            raise KeyError(f"{int((index < 0).sum())} of {len(ids)} rows are not in the store {self.path}")
-        return self._read_ordered(ids, self._locations(index))
+        locs = self._index.lookup(ids)
+        if (locs == EMPTY).any():
+            raise KeyError(f"{int((locs == EMPTY).sum())} of {len(ids)} rows are not in the store {self.path}")
+        return self._read_ordered(ids, locs)
 
     def rewrite(self, records: np.ndarray) -> int:
         """Write back records of rows stored here (``records``: whole records, e.g. from :meth:`get_records`, their
@@ -245,11 +257,12 @@ class SegmentStore:
 
     def delete(self, row_ids) -> int:
         """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
-        index = self._index.lookup(as_row_ids(row_ids))
-        index = index[index >= 0]
-        if len(index):
-            self._drop(index)
-        return len(index)
+        ids = as_row_ids(row_ids)
+        locs = self._index.lookup(ids)
+        present = locs != EMPTY
+        if present.any():
+            self._drop(ids[present], locs[present])
+        return int(present.sum())
 
     def take(self, row_ids) -> np.ndarray:
         """:meth:`get` then :meth:`delete`: rows leaving the disk (promotion)."""
@@ -259,7 +272,8 @@ class SegmentStore:
 
     def row_ids(self) -> np.ndarray:
         """Ids of the rows stored, ascending (a copy: 8 bytes a row)."""
-        return np.sort(self._index.row_ids())
+        parts = [ids for ids, _ in self._index.items()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
     def items(self, chunk: int = 1 << 16):
         """``(ids, payloads)`` of every row, ascending by id, ``chunk`` rows at a time (reads only those)."""
@@ -297,6 +311,8 @@ class SegmentStore:
     def close(self) -> None:
         self._writer.wait()             # (their errors, if any, were the caller's to see)
         self._reads.close()
+        if self._index is not None:
+            self._index.close()
 
     def __del__(self) -> None:
         try:
@@ -307,30 +323,36 @@ class SegmentStore:
     # -- sizes and stats
 
     def index_nbytes(self) -> int:
-        """Memory the index takes, plus the buckets its next rehash adds once it is near (see
-        :func:`~kvstore_lazy.store.disk.index.index_nbytes`)."""
-        return disk_index.index_nbytes(self._index)
+        """RAM the index takes (exact in its arrays): a dense index's locations, or a RunIndex's fences, bloom
+        filters and memtable (:meth:`RunIndex.ram_bytes`) and the live bits of the segments."""
+        return self._index.ram_bytes() + (self._bits.nbytes() if self._bits is not None else 0)
 
     def index_row_nbytes(self) -> int:
-        """Index bytes one row adds (the buckets aside)."""
-        return self._index.row_nbytes
+        """Index RAM one more row on disk adds, rounded up (0 for a dense index; the memtable aside)."""
+        return 0 if isinstance(self._index, DenseIndex) else disk_index.run_row_nbytes(self.compact_ratio,
+                                                                                      self._index.bloom_bits)
 
     def disk_bytes(self) -> int:
         """Bytes of the segment files (fixed size each)."""
         return len(self._names) * self.segment_rows * self.record_bytes
 
     def stats(self) -> dict:
-        return {"rows": len(self), "segments": len(self._names), "disk_bytes": self.disk_bytes(),
-                "index_bytes": self.index_nbytes(), "garbage_records": int(sum(self._fill.values()) - len(self)),
-                **self.counters}
+        """Sizes and counters; ``index_bytes`` the index's RAM, ``index_disk_bytes`` its runs' files, and for a
+        RunIndex ``index_reads_per_lookup``: index blocks read per id looked up (a cold row's index reads)."""
+        out = {"rows": len(self), "segments": len(self._names), "disk_bytes": self.disk_bytes(),
+               "index_bytes": self.index_nbytes(), "index_disk_bytes": self._index.disk_bytes(),
+               "garbage_records": int(sum(self._fill.values()) - len(self)), **self.counters}
+        if isinstance(self._index, RunIndex):
+            c = self._index.counters
+            out.update(index_runs=len(self._index._runs), index_lookups=c["lookups"],
+                       index_blocks_read=c["blocks_read"],
+                       index_reads_per_lookup=c["blocks_read"] / max(1, c["lookups"]))
+        return out
 
     # -- internals (the units of kvstore_lazy.store.disk work through these)
 
     def _sealed(self) -> list[int]:
         return compaction.sealed(self)
-
-    def _locations(self, index: np.ndarray) -> np.ndarray:
-        return self._index.arrays()[0][index, 0]
 
     def _new_segment(self) -> int:
         free = np.flatnonzero(np.isin(np.arange(len(self._live) + 1), list(self._names), invert=True))
@@ -342,13 +364,17 @@ class SegmentStore:
         self._next_number += 1
         if slot >= len(self._live):
             self._live = np.concatenate([self._live, np.zeros(slot + 1 - len(self._live), np.int64)])
+        if self._bits is not None:
+            self._bits.grow(len(self._live))
+            self._bits.zero(slot)
         self._names[slot], self._fill[slot], self._live[slot] = name, 0, 0
         return slot
 
-    def _append(self, records: np.ndarray, later: bool = False) -> None:
+    def _append(self, records: np.ndarray, later: bool = False, old: np.ndarray | None = None) -> None:
         """Write ``records`` (ids unique, checks unset) at the end of the log and point the index at them. Nothing
         is indexed unless every record was written, or with ``later`` (the records handed over: put_records), its
-        segment space reserved and its write handed to the writer thread."""
+        segment space reserved and its write handed to the writer thread. ``old``: the ids' previous locations
+        (EMPTY: not stored) when the caller knows them (no index lookup)."""
         ids = records["id"]
         if isinstance(self._index, DenseIndex):
             self._index.check(ids)          # before anything is written
@@ -373,20 +399,26 @@ class SegmentStore:
             if not isinstance(exc, DiskError):
                 raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
             raise
-        index, old = disk_index.place(self._index, ids)
-        if old.any():
-            self._live -= np.bincount((self._locations(index[old]) >> np.uint32(self._shift)).astype(np.int64),
-                                      minlength=len(self._live))
-        self._index.arrays()[0][index, 0] = locs
+        old = self._index.set(ids, locs, old)
         self.version += 1
+        self._unlive(old[old != EMPTY])
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
+        if self._bits is not None:
+            self._bits.set(locs)
         self.counters["records_written"] += len(records)
 
-    def _drop(self, index: np.ndarray) -> None:
-        locs = self._locations(index)
-        self._live -= np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
-        self._index.remove_slots(index)
+    def _drop(self, ids: np.ndarray, locs: np.ndarray) -> None:
+        """Remove ``ids`` (stored, at ``locs``) from the index."""
+        self._index.remove(ids, locs)
+        self._unlive(locs)
         self.version += 1
+
+    def _unlive(self, locs: np.ndarray) -> None:
+        """The records at ``locs`` are garbage from now on (the live counts and bits)."""
+        if len(locs):
+            self._live -= np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
+            if self._bits is not None:
+                self._bits.clear(locs)
 
     def _retire(self, slot: int) -> None:
         self._writer.settle()

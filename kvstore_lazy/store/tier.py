@@ -23,9 +23,8 @@ import numpy as np
 from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.rows import RowTable, as_row_ids
-from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, DiskError, SegmentError,
-                                         SegmentStore,
-                       executor, join, link_or_copy, pick, put_at)
+from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, MEMTABLE_ENTRIES, DiskError,
+                                         SegmentError, SegmentStore, executor, join, link_or_copy, pick, put_at)
 
 STORE_FILE = paths.STORE_FILE
 MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
@@ -36,6 +35,9 @@ DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion
                                 # chunks are all packed before the table lets its rows go, so its records (2% of
                                 # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
+MEMTABLE_SHARE = 64              # a key's disk index memtable takes at most 1/64 of the budget (memtable_entries) ...
+MEMTABLE_MIN = 1 << 10          # ... but at least this many entries ...
+MEMTABLE_MAX = 1 << 20          # ... and at most this many
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 CACHE_BYTES = 16 << 20          # and at most this many bytes of them (wide rows: fewer records)
 READ_CHUNK = 1 << 13            # records a read of many rows (a checkpoint's piece) holds at once (read_field): ~2 MB
@@ -89,10 +91,18 @@ KVSTORE_LAZY_DISK_DIR = "KVSTORE_LAZY_DISK_DIR"
 
 def dense_rows(first: int, count: int, budget: int) -> tuple[int, int] | None:
     """The row range a key's disk tier indexes densely (segments.DenseIndex: 4 bytes a *possible* row, counted in
-    the memory budget from the start; a probe one array read), or None (the hash index: 17-22 bytes a row on disk).
-    Dense when its index takes at most ``1 / DENSE_SHARE`` of the budget: it then also takes less than the hash
-    index would once a fifth of the key's rows are on disk, which a key too large for memory soon has."""
+    the memory budget from the start; a probe one array read), or None (the RunIndex: about 1.4 bytes a row on
+    disk, an index block read a cold row). Dense when its index takes at most ``1 / DENSE_SHARE`` of the budget."""
     return (first, count) if 4 * count * DENSE_SHARE <= budget else None
+
+
+def memtable_entries(budget: int | None) -> int:
+    """The entries a key's RunIndex keeps in RAM before it writes them as a run: a ``1 / MEMTABLE_SHARE`` share of
+    the memory budget at ~22 bytes an entry, at least ``MEMTABLE_MIN`` (a run file a few rounds, not a few rows)
+    and at most ``MEMTABLE_MAX``."""
+    if not budget or budget <= 0:
+        return MEMTABLE_ENTRIES
+    return int(min(max(budget // MEMTABLE_SHARE // 22, MEMTABLE_MIN), MEMTABLE_MAX))
 
 
 def record_dtype(row_size: int, dtype, num_states: int, columns: dict) -> np.dtype:
@@ -188,16 +198,18 @@ class DiskTier:
     @_fatal
     def __init__(self, path, table: RowTable, segment_rows: int = DEFAULT_SEGMENT_ROWS,
                  store: SegmentStore | None = None, compact_ratio: float = DEFAULT_COMPACT_RATIO,
-                 rows: tuple[int, int] | None = None) -> None:
+                 rows: tuple[int, int] | None = None, memtable_entries: int = MEMTABLE_ENTRIES) -> None:
         """A new, empty tier in ``path`` (or ``store``'s); ``rows`` (first, count): the range of the table's row ids
-        when the store should index them densely (:func:`dense_rows`)."""
+        when the store should index them densely (:func:`dense_rows`); else the store's RunIndex keeps at most
+        ``memtable_entries`` recent changes in RAM (:func:`memtable_entries`)."""
         _fix_mmap_threshold()
         self.path = Path(path)
         self.layout = (table.row_size, table.dtype, table.num_states, dict(table.column_dtypes))
         self.record = record_dtype(*self.layout)
         if store is None:
             clear_dir(self.path)
-            store = SegmentStore(self.path, self.record, segment_rows, compact_ratio, rows=rows)
+            store = SegmentStore(self.path, self.record, segment_rows, compact_ratio, rows=rows,
+                                 memtable_entries=memtable_entries)
         elif store.payload_dtype != self.record:
             raise SegmentError(f"disk tier {self.path}: its records are {store.payload_dtype}, the table's rows "
                                f"{self.record}")
@@ -208,17 +220,19 @@ class DiskTier:
         self._read_chunk = min(READ_CHUNK, max(64, READ_BYTES // size))
 
     @classmethod
-    def open(cls, path, table: RowTable, verify: bool = True,
-             compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "DiskTier":
+    def open(cls, path, table: RowTable, verify: bool = True, compact_ratio: float = DEFAULT_COMPACT_RATIO,
+             memtable_entries: int = MEMTABLE_ENTRIES) -> "DiskTier":
         try:
-            store = SegmentStore.open(path, verify=verify, compact_ratio=compact_ratio)
+            store = SegmentStore.open(path, verify=verify, compact_ratio=compact_ratio,
+                                      memtable_entries=memtable_entries)
         except SegmentError as exc:
             raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={Path(path).parent.parent}): "
                                   f"{exc}") from exc
         return cls(path, table, store=store)
 
     @classmethod
-    def restore(cls, source, path, table: RowTable, compact_ratio: float = DEFAULT_COMPACT_RATIO) -> "DiskTier":
+    def restore(cls, source, path, table: RowTable, compact_ratio: float = DEFAULT_COMPACT_RATIO,
+                memtable_entries: int = MEMTABLE_ENTRIES) -> "DiskTier":
         """The tier of a snapshot (``source``: a store committed there) as this table's tier in ``path``: its files
         hard-linked (copied across file systems), every committed record verified (a damaged segment is a
         DiskTierFailure naming it)."""
@@ -231,7 +245,7 @@ class DiskTier:
         except (OSError, SegmentError) as exc:
             raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={path.parent.parent}): cannot "
                                   f"restore {source}: {exc}") from exc
-        return cls.open(path, table, compact_ratio=compact_ratio)
+        return cls.open(path, table, compact_ratio=compact_ratio, memtable_entries=memtable_entries)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -260,7 +274,7 @@ class DiskTier:
         written: list[np.ndarray] = []
         try:
             for ids, records in parts:
-                self.store.put_records(records, handoff=True)
+                self.store.put_records(records, handoff=True, absent=True)   # (a row is in one tier)
                 written.append(ids)
         except (DiskError, SegmentError):
             removing.result()
@@ -488,9 +502,12 @@ class DiskTier:
     def stats(self) -> dict:
         c = self.counters
         touched = c["hits"] + c["misses"]
+        s = self.store.stats()
         return {"disk_rows": len(self.store), "disk_bytes": self.store.disk_bytes(),
                 "disk_index_bytes": self.index_nbytes(), "promoted": c["promoted"], "demoted": c["demoted"],
-                "hit_rate": c["hits"] / touched if touched else 1.0, "expired_disk": c["expired_disk"]}
+                "hit_rate": c["hits"] / touched if touched else 1.0, "expired_disk": c["expired_disk"],
+                "disk_index_disk_bytes": s["index_disk_bytes"],
+                "disk_index_reads_per_lookup": s.get("index_reads_per_lookup", 0.0)}
 
     # -- records
 

@@ -22,7 +22,7 @@ from kvstore_lazy import paths
 from kvstore_lazy.numerics.optimizers import Optimizer
 from kvstore_lazy.server.keys.row_fields import RowKeyFields
 from kvstore_lazy.server.lifecycle import Lifecycle
-from kvstore_lazy.store.tier import DiskTier, dense_rows
+from kvstore_lazy.store.tier import DiskTier, dense_rows, memtable_entries
 
 
 class RowKeyDisk(RowKeyFields):
@@ -33,7 +33,8 @@ class RowKeyDisk(RowKeyFields):
         if lifecycle.settings.disk_dir and self.policy is not None:
             self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows,
                                  compact_ratio=lifecycle.settings.disk_compact,
-                                 rows=dense_rows(self.row_offset, self.local_rows, lifecycle.settings.memory_budget))
+                                 rows=dense_rows(self.row_offset, self.local_rows, lifecycle.settings.memory_budget),
+                                 memtable_entries=memtable_entries(lifecycle.settings.memory_budget))
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return paths.disk_store(lifecycle.settings.disk_dir, self.rank, self.key)
@@ -91,7 +92,8 @@ class RowKeyDisk(RowKeyFields):
             return
         old, path = self.disk, self.disk.path
         new = DiskTier(path.with_name(path.name + ".relayout"), self._table, old.store.segment_rows,
-                       compact_ratio=old.store.compact_ratio, rows=old.store.rows)
+                       compact_ratio=old.store.compact_ratio, rows=old.store.rows,
+                       memtable_entries=old.store.memtable_entries)
         same_states = old.layout[2] == self._table.num_states and not zero_states
         for rows in old.chunks():
             self._relayout_rows(rows)
@@ -105,7 +107,8 @@ class RowKeyDisk(RowKeyFields):
         new.store.commit()
         new.store.close()
         new.path.rename(path)
-        self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio)
+        self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio,
+                                  memtable_entries=old.store.memtable_entries)
         self.disk.counters = new.counters
 
     def _relayout_rows(self, rows: dict) -> None:

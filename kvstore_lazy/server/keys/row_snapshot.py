@@ -134,7 +134,8 @@ class RowKeySnapshots(RowKeyCatchUp):
             entry._open_disk(lifecycle)
         disk = table.get("disk")                    # the snapshot's disk tier (a committed store's directory)
         if disk is not None and entry.disk is not None:
-            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table, lifecycle.settings.disk_compact)
+            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table, lifecycle.settings.disk_compact,
+                                          entry.disk.store.memtable_entries)
         elif disk is not None:                      # no disk tier now: its rows come into memory
             for rows in DiskTier.open(disk, entry._table).chunks():
                 entry._table.insert_rows(rows)

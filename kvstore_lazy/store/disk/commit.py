@@ -26,7 +26,11 @@ import numpy as np
 from kvstore_lazy.store.disk import index as disk_index
 from kvstore_lazy.store.disk.errors import DiskError, SegmentError
 from kvstore_lazy.store.disk.files import INDEX_FILE, SEGMENT_GLOB, STORE_FILE, atomic_write, fsync_path, link_or_copy
+from kvstore_lazy.store.disk.index import EMPTY, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import FORMAT
+from kvstore_lazy.store.disk.runfile import RUN_GLOB, TEMP_SUFFIX
+
+CONVERT_CHUNK = 1 << 16         # ids of an old hash index put into the runs at a time
 from kvstore_lazy.store.disk.state import StoreState
 
 
@@ -44,12 +48,18 @@ def read_layout(path: Path) -> dict:
 
 
 def load_index(store: StoreState, verify: bool) -> None:
-    """Load the committed index into a store just made (empty), checking it against the segment files."""
+    """Load the committed index into a store just made (empty), checking it against the segment files: a dense
+    index from its ids and locations, a RunIndex from its manifest and the live bits, or (a store committed with
+    the hash index of earlier versions: every id and location, no manifest) converted into runs."""
     where = store.path / INDEX_FILE
     try:
         with np.load(where, allow_pickle=False) as z:
-            ids, locs = z["ids"].astype(np.uint64), z["locs"].astype(np.uint32)
             meta = json.loads(bytes(z["meta"]).decode())
+            kind = meta.get("index", {}).get("kind", "ids")
+            if kind == "runs":
+                ids, locs, bits = np.zeros(0, np.uint64), np.zeros(0, np.uint32), z["live"]
+            else:
+                ids, locs, bits = z["ids"].astype(np.uint64), z["locs"].astype(np.uint32), None
     except (OSError, ValueError, KeyError) as exc:
         raise SegmentError(f"{where}: cannot read the index: {exc}") from None
     store._next_number = int(meta["next_number"])
@@ -68,47 +78,103 @@ def load_index(store: StoreState, verify: bool) -> None:
     for file in store.path.glob(SEGMENT_GLOB):     # made after the last commit: garbage
         if file.name not in store._names.values():
             file.unlink()
-    if len(ids):
-        slots = (locs >> np.uint32(store._shift)).astype(np.int64)
-        if not np.isin(slots, list(segments)).all():
-            raise SegmentError(f"{where}: refers to segments it does not list")
-        store._live += np.bincount(slots, minlength=len(store._live))
-        if len(np.unique(ids)) != len(ids):
-            raise SegmentError(f"{where}: the index lists a row twice")
-        try:
-            store._index = disk_index.new_index(store.rows, len(ids))
-            index, _ = disk_index.place(store._index, ids)
-        except ValueError as exc:
-            raise SegmentError(f"{where}: {exc}") from None
-        store._index.arrays()[0][index, 0] = locs
+    if kind == "runs":
+        _load_runs(store, meta["index"], bits, sorted(segments))
+    else:
+        _load_ids(store, ids, locs, list(segments))
     if verify:
         store.verify()
 
 
+def _load_ids(store: StoreState, ids: np.ndarray, locs: np.ndarray, listed: list[int]) -> None:
+    """Every id and its location (a dense index's commit, or an old store's hash index: converted into runs)."""
+    where = store.path / INDEX_FILE
+    if store.rows is None:                  # the old hash index: runs made from it, committed at the next commit
+        for file in list(store.path.glob(RUN_GLOB)) + list(store.path.glob(RUN_GLOB + TEMP_SUFFIX)):
+            file.unlink()                   # a conversion a killed process began: no commit lists them
+        store._bits = LiveBits(store.segment_rows, store._shift)
+        store._bits.grow(len(store._live))
+    if len(ids):
+        slots = (locs >> np.uint32(store._shift)).astype(np.int64)
+        if not np.isin(slots, listed).all():
+            raise SegmentError(f"{where}: refers to segments it does not list")
+        store._live += np.bincount(slots, minlength=len(store._live))
+        order = np.argsort(ids, kind="stable")
+        ids, locs = ids[order], locs[order]
+        if (ids[1:] == ids[:-1]).any():
+            raise SegmentError(f"{where}: the index lists a row twice")
+    try:
+        store._index = disk_index.new_index(store.rows, store.path, store.memtable_entries)
+        empty = np.full(min(len(ids), CONVERT_CHUNK), EMPTY, np.uint32)
+        for lo in range(0, len(ids), CONVERT_CHUNK):
+            part = ids[lo:lo + CONVERT_CHUNK]
+            store._index.set(part, locs[lo:lo + CONVERT_CHUNK], old=empty[:len(part)])
+    except ValueError as exc:
+        raise SegmentError(f"{where}: {exc}") from None
+    if store._bits is not None:
+        store._bits.set(locs)
+
+
+def _load_runs(store: StoreState, info: dict, bits: np.ndarray, listed: list[int]) -> None:
+    """A RunIndex as the committed manifest names it, and the live bits of the listed segments."""
+    where = store.path / INDEX_FILE
+    live = LiveBits(store.segment_rows, store._shift)
+    live.grow(len(store._live))
+    if bits.dtype != np.uint8 or bits.shape != (len(listed), live.width):
+        raise SegmentError(f"{where}: live bits of shape {bits.shape}, want ({len(listed)}, {live.width})")
+    if len(listed):
+        live.bits[listed] = bits
+    store._bits = live
+    store._live[:] = live.counts()
+    if store.rows is not None:
+        raise SegmentError(f"{where}: a RunIndex for a store of a dense row range")
+    store._index = RunIndex.open(store.path, info["manifest"], store.memtable_entries)
+    if len(store._index) != int(store._live.sum()):
+        raise SegmentError(f"{where}: {len(store._index)} rows indexed, {int(store._live.sum())} live records")
+
+
 def commit(store: StoreState, into=None) -> None:
-    """Make what is stored now durable: fsync the segments written since the last commit, then write the index
-    atomically. With ``into`` (another directory on the same file system, which must not exist), the committed
-    store goes there instead, its segments hard-linked (this store's own commit is unchanged)."""
+    """Make what is stored now durable: fsync the segments written since the last commit, flush the index's
+    memtable into a run (a RunIndex), then write ``index.npz`` atomically. With ``into`` (another directory on the
+    same file system, which must not exist), the committed store goes there instead, its segments and index runs
+    hard-linked (this store's own commit is unchanged)."""
     store._writer.settle()
     try:
         live = set(store._names.values())
         for name in sorted(store._dirty & live):
             fsync_path(store.path / name)
         store._dirty.clear()
-        ids, locs = disk_index.items(store._index)
+        listed = sorted(store._names)
         meta = {"next_number": store._next_number, "active": store._active,
-                "segments": [[slot, store._names[slot], store._fill[slot]] for slot in sorted(store._names)]}
+                "segments": [[slot, store._names[slot], store._fill[slot]] for slot in listed]}
+        manifest = None
+        if isinstance(store._index, RunIndex):
+            manifest = store._index.commit()
+            meta["index"] = {"kind": "runs", "manifest": manifest}
+            assert store._bits is not None
+            arrays = {"live": store._bits.bits[listed] if listed else np.zeros((0, store._bits.width), np.uint8)}
+        else:
+            parts = list(store._index.items())
+            arrays = {"ids": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64),
+                      "locs": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint32)}
+            meta["index"] = {"kind": "dense"}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         target = store.path if into is None else Path(into)
         if into is not None:
             target.mkdir(parents=True)
-            for name in [store._names[s] for s in sorted(store._names)] + [STORE_FILE]:
+            for name in [store._names[s] for s in listed] + [STORE_FILE]:
                 link_or_copy(store.path / name, target / name)
-        atomic_write(target / INDEX_FILE, lambda f: np.savez(
-            f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8)))
+            if manifest is not None:
+                store._index.link_into(manifest, target)
+        atomic_write(target / INDEX_FILE, lambda f: np.savez(f, **arrays))
         if into is None:
+            if manifest is not None:
+                store._index.committed(manifest)
             store._committed = set(store._names.values())
             for name in store._retired:
                 (store.path / name).unlink(missing_ok=True)
             store._retired = []
     except OSError as exc:
+        if isinstance(exc, DiskError):
+            raise
         raise DiskError(exc.errno, f"disk tier {store.path}: commit failed: {exc.strerror or exc}") from exc

@@ -4,7 +4,8 @@ Owns: which sealed segments are compacted and when (:func:`compact`: every one w
 :func:`compact_store`: the emptiest first, amortized, the disk tier's at round ends) and the compaction of one
 segment. Does not own: the log it works on. These are operations of a
 :class:`~kvstore_lazy.store.segments.SegmentStore` kept in their own unit: they read the store's fill and live
-counts by segment slot and its index, and change it only through the store's own append and retire.
+counts by segment slot, its live bits (a store with a RunIndex) or its index (a dense one), and change it only
+through the store's own append and retire.
 
 Records are only ever appended to the *active* segment; a full segment is *sealed* and never written again
 (rewrites in place aside). A row written again gets a new record; the old one becomes garbage. A segment a
@@ -18,7 +19,7 @@ import numpy as np
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.records import pick
 from kvstore_lazy.store.disk.state import StoreState
-from kvstore_lazy.store.disk.verify import verify_records
+from kvstore_lazy.store.disk.verify import refuse
 
 
 def sealed(store: StoreState) -> list[int]:
@@ -67,20 +68,29 @@ def _counted(store: StoreState, done: int) -> int:
 
 def compact_segment(store: StoreState, slot: int) -> None:
     """Append the live records of a sealed segment anew, then retire it. Its records are read in one call; only
-    the live ones are checked (every one the index places there must be there, id and contents: else a
-    SegmentError), garbage is never looked at twice. A segment with no live record is retired unread."""
+    the live ones are checked (each must carry its check for its place, id included: else a SegmentError),
+    garbage is never looked at twice. The live ones are those the store's live bits mark (a RunIndex: no index
+    read a record), or (a dense index, in RAM) those whose id the index places there. They are moved with their
+    old locations given (no lookup). A segment with no live record is retired unread."""
     if store._live[slot]:
         records = store._reads.segment(slot, store._fill[slot])
-        index = store._index.lookup(records["id"])
         here = np.arange(len(records), dtype=np.uint32) | np.uint32(slot << store._shift)
-        found = np.flatnonzero(index >= 0)
-        offsets = found[store._locations(index[found]) == here[found]]
-        if len(offsets) != store._live[slot]:
-            raise SegmentError(f"segment {store.path / store._names[slot]} is damaged: {len(offsets)} of its "
-                               f"{int(store._live[slot])} live records carry the id the index has for them")
+        if store._bits is not None:
+            offsets = store._bits.offsets(slot)
+            offsets = offsets[offsets < len(records)]
+        else:
+            offsets = np.flatnonzero(store._index.lookup(records["id"]) == here)
         live = pick(records, offsets)
         del records
-        verify_records(store, slot, live, offsets)
-        store._append(live)
+        bad = store.layout.checks(live, here[offsets]) != live["check"]
+        if bad.any() or len(offsets) != store._live[slot]:
+            # a damaged id reads as a record of another row: say so (the index asked only about those)
+            wrong = int((store._index.lookup(live["id"][bad]) != here[offsets][bad]).sum())
+            if wrong or len(offsets) != store._live[slot]:
+                raise SegmentError(f"segment {store.path / store._names[slot]} is damaged: {len(offsets) - wrong} "
+                                   f"of its {int(store._live[slot])} live records carry the id the index has for "
+                                   f"them")
+            refuse(store.path / store._names[slot], offsets[bad])
+        store._append(live, old=here[offsets])
     assert store._live[slot] == 0, "a compacted segment kept live records"
     store._retire(slot)

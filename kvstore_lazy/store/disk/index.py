@@ -1,43 +1,57 @@
-"""The disk index: row id -> the location of its record, in memory.
+"""The disk index: row id -> the location of its record, and the live records of each segment.
 
-Owns: the two index kinds and the few operations the store needs over either (make, place, list, size). Does
-not own: the locations' meaning (:mod:`.layout`) or the live-record counts by segment (the store keeps those).
+Owns: the index kinds a store uses, behind one id-based interface (``lookup(ids) -> locs``, ``set(ids, locs,
+old)``, ``remove(ids, old)``, ``items(chunk)``, ``ram_bytes()``), :func:`new_index` choosing between them, and
+:class:`LiveBits` (a bit a record slot of the live records of each segment: compaction's view of what is live
+without the index). Does not own: the locations' meaning (:mod:`.layout`), the runs' files (:mod:`.runs`,
+:mod:`.runfile`), or the live-record counts by segment (the store keeps those, from the previous locations
+``set`` and ``remove`` return).
 
-The index holds one ``uint32`` per row: the location ``slot << shift | offset`` (a segment slot, reused after
-compaction, and the record number in it). For a store given its row range (``rows``, a key's rows on one server:
-the disk tier's choice when it fits a share of the memory budget) it is a :class:`DenseIndex`: 4 bytes a
-*possible* row, a probe one array read. Otherwise it is a :class:`~kvstore_lazy.store.rows.RowTable`: 8 bytes of
-id + 4 of location + 4 / load of int32 hash buckets a row stored; the table is rebuilt at twice the size past
-``INDEX_LOAD`` = 0.8 (denser than a memory table's 0.5: a linear-probing miss then costs about 12 probes, nothing
-beside a disk read), so the load is 0.4 .. 0.8 and the buckets 5 to 10 bytes: 17 to 22 bytes a row, exact in
-:func:`index_nbytes`. 50 million rows on disk: 0.85 to 1.1 GB of hash index, or 0.2 GB of dense index for a key
-of 50 million possible rows.
+A location is one ``uint32``: ``slot << shift | offset`` (a segment slot, reused after compaction, and the record
+number in it); :data:`EMPTY` (0xFFFFFFFF) is "absent" in what ``lookup``, ``set`` and ``remove`` return. Two kinds:
+
+* :class:`DenseIndex`, for a store given its row range (``rows``, a key's rows on one server: the disk tier's
+  choice when it fits a share of the memory budget): one location per *possible* row in RAM, 4 bytes each, a probe
+  one array read. Compaction finds a segment's live records by looking its records up (an array read each).
+* :class:`~.runs.RunIndex` for any other id space (hashed ids over 2^40 included): an LSM index, a bounded memtable
+  over sorted runs ``idx-*.run`` in the store's directory, with fences and a bloom filter per run in RAM (1.27 bytes
+  an entry at 10 bits; ``ram_bytes()``). A lookup of a cold row is about one block read. Compaction cannot afford
+  a lookup per record, so the store keeps :class:`LiveBits` beside it: a bit a record slot of every segment, 1/8
+  byte a record written (about 0.17 bytes a live row at ``compact_ratio`` 0.25). So a row on disk costs about 1.4
+  bytes of RAM (the memtable aside: at most ``memtable_entries`` entries of 17 to 22 bytes, emptied at every flush).
+
+The hash index of earlier versions (a RowTable, 17 to 22 bytes a row) is gone: a store committed with it is
+converted into runs when it is opened (:func:`~.commit.load_index`).
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import numpy as np
 
-from kvstore_lazy.store.rows import RowTable
+from kvstore_lazy.store.disk.runs import BLOOM_BITS, EMPTY, RunIndex
+from kvstore_lazy.store.disk.runfile import BLOCK_BYTES
 
-INDEX_LOAD = 0.8                # the index's hash table is rebuilt larger past this load (see the module docstring)
-INDEX_RESERVE = 0.95            # index_nbytes counts the next table from this share of the rehash load on
+__all__ = ["DenseIndex", "RunIndex", "LiveBits", "EMPTY", "new_index", "run_row_nbytes"]
+
+CHUNK = 1 << 16                 # entries items() gives at a time
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
 class DenseIndex:
     """The index of a store whose row ids all lie in [first, first + count) (a key's rows on one server): one
-    ``uint32`` location per *possible* row at ``id - first`` (the row's index slot), :data:`EMPTY` where the row is
-    not stored. 4 bytes a possible row, all of them from the start, against the hash index's 17 to 22 a stored row;
-    a probe is one array read, an insert or a removal one write (no hashing, no probe sequence, no rows moved). The
-    same interface as the hash index (a :class:`~kvstore_lazy.store.rows.RowTable` of one uint32 column) where the
-    store uses it."""
+    ``uint32`` location per *possible* row at ``id - first``, :data:`EMPTY` where the row is not stored. 4 bytes a
+    possible row, all of them from the start; a probe is one array read, a change one write. The same id-based
+    interface as :class:`~.runs.RunIndex` where the store uses it."""
 
-    EMPTY = 0xFFFFFFFF
+    EMPTY = EMPTY
 
     def __init__(self, first: int, count: int) -> None:
         if first < 0 or count < 0 or first + count > 1 << 63:
             raise ValueError(f"row range [{first}, {first} + {count}) out of bounds")
         self.first, self.count = int(first), int(count)
-        self._locs = np.full((self.count, 1), self.EMPTY, np.uint32)
+        self._locs = np.full(self.count, EMPTY, np.uint32)
         self._stored = 0
         self.row_nbytes = 0             # what a row stored adds: nothing (every possible row has its entry)
 
@@ -53,22 +67,13 @@ class DenseIndex:
         return slots, inside
 
     def lookup(self, row_ids: np.ndarray) -> np.ndarray:
-        """Index slot of each id, -1 where it is not stored (or out of range)."""
+        """The location of each id, :data:`EMPTY` where it is not stored (or out of range)."""
         slots, inside = self._slots(row_ids)
         if inside is None:
-            return np.where(self._locs[slots, 0] != self.EMPTY, slots, -1)
-        out = np.full(len(slots), -1, np.int64)
-        at = slots[inside]
-        out[inside] = np.where(self._locs[at, 0] != self.EMPTY, at, -1)
+            return self._locs[slots]
+        out = np.full(len(slots), EMPTY, np.uint32)
+        out[inside] = self._locs[slots[inside]]
         return out
-
-    def place(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, stored already) for ids (unique, all in range: else ValueError, nothing changed); the slots of
-        those not stored count as stored from now on (the caller sets their locations)."""
-        slots = self.check(row_ids)
-        old = self._locs[slots, 0] != self.EMPTY
-        self._stored += int(len(slots) - old.sum())
-        return slots, old
 
     def check(self, row_ids: np.ndarray) -> np.ndarray:
         """The slots of ids that must all be in range (else ValueError)."""
@@ -78,59 +83,100 @@ class DenseIndex:
             raise ValueError(f"row {int(bad)} is outside this store's rows [{self.first}, {self.first + self.count})")
         return slots
 
-    def remove_slots(self, slots: np.ndarray) -> None:
-        self._locs[slots, 0] = self.EMPTY
-        self._stored -= len(slots)
+    def set(self, row_ids: np.ndarray, locs: np.ndarray, old: np.ndarray | None = None) -> np.ndarray:
+        """Point ``row_ids`` (unique, all in range: else ValueError, nothing changed) at ``locs``; returns their
+        previous locations (``old`` if the caller gives them: trusted, as RunIndex.set trusts them)."""
+        slots = self.check(row_ids)
+        old = self._locs[slots] if old is None else np.asarray(old, np.uint32)
+        self._locs[slots] = locs
+        self._stored += int((old == EMPTY).sum())
+        return old
 
-    def arrays(self) -> list[np.ndarray]:
-        return [self._locs]
+    def remove(self, row_ids: np.ndarray, old: np.ndarray | None = None) -> np.ndarray:
+        """Drop ``row_ids`` (unique); returns their previous locations (:data:`EMPTY` where absent)."""
+        slots, inside = self._slots(row_ids)
+        if old is None:
+            old = self.lookup(row_ids)
+        present = np.asarray(old) != EMPTY
+        self._locs[slots[present]] = EMPTY
+        self._stored -= int(present.sum())
+        return old
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids ascending, their locations) of the rows stored."""
-        slots = np.flatnonzero(self._locs[:, 0] != self.EMPTY)
-        return slots.astype(np.uint64) + np.uint64(self.first), self._locs[slots, 0]
+    def items(self, chunk: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids ascending, their locations) of the rows stored, at most ``chunk`` at a time."""
+        for lo in range(0, self.count, chunk):
+            part = self._locs[lo:lo + chunk]
+            at = np.flatnonzero(part != EMPTY)
+            if len(at):
+                yield at.astype(np.uint64) + np.uint64(self.first + lo), part[at]
 
-    def row_ids(self) -> np.ndarray:
-        return self.items()[0]
-
-    def nbytes(self) -> int:
+    def ram_bytes(self) -> int:
         return self._locs.nbytes
 
+    def disk_bytes(self) -> int:
+        return 0
 
-def new_index(rows: tuple[int, int] | None, capacity: int = 0) -> RowTable | DenseIndex:
-    """A dense index over ``rows`` = (first, count), or (None) a hash index with room for ``capacity`` rows."""
+    def close(self) -> None:
+        pass
+
+
+def new_index(rows: tuple[int, int] | None, directory, memtable_entries: int) -> DenseIndex | RunIndex:
+    """A dense index over ``rows`` = (first, count), or (None) an empty RunIndex in ``directory``."""
     if rows is not None:
         return DenseIndex(*rows)
-    if capacity:
-        return RowTable(1, np.uint32, initial_capacity=capacity, max_load=INDEX_LOAD, lean_rehash=True)
-    return RowTable(1, np.uint32, max_load=INDEX_LOAD, lean_rehash=True)
+    return RunIndex(directory, memtable_entries)
 
 
-def place(index: RowTable | DenseIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Index slots for ``ids`` (unique), made where missing (their locations for the caller to set), and a mask
-    of those that were there already (one probe)."""
-    if isinstance(index, DenseIndex):
-        return index.place(ids)
-    before = len(index)      # the rows it had are those at older slots
-    slots = index.ensure(ids, lambda new: np.zeros((len(new), 1), np.uint32))
-    return slots, slots < before
+def run_row_nbytes(compact_ratio: float, bloom_bits: float = BLOOM_BITS) -> int:
+    """RAM a row on disk adds with a RunIndex, rounded up: its bloom filter bits and fences, and its live bit with
+    the garbage ``compact_ratio`` allows (1.4 bytes at 10 bits and 0.25: 2)."""
+    per_block = (BLOCK_BYTES - 8) // 12
+    return math.ceil(bloom_bits / 8 + 8 / per_block + 1 / (8 * (1 - compact_ratio)))
 
 
-def items(index: RowTable | DenseIndex) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, locations) of every row stored (views of the hash index's own arrays, by slot: never copied)."""
-    if isinstance(index, DenseIndex):
-        return index.items()
-    n = len(index)
-    return index.row_ids_view(), index.arrays()[0][:n, 0]
+class LiveBits:
+    """A bit a record slot of every segment slot: set while the record at that location is a row's (live).
+    ``segment_rows`` records a segment, locations ``slot << shift | offset``. 1/8 byte a record slot."""
 
+    def __init__(self, segment_rows: int, shift: int) -> None:
+        self.segment_rows, self.shift = segment_rows, shift
+        self.width = (segment_rows + 7) // 8
+        self.bits = np.zeros((0, self.width), np.uint8)
 
-def index_nbytes(index: RowTable | DenseIndex) -> int:
-    """Memory the index takes (exact: ids, locations, hash buckets), plus, once it is within ``INDEX_RESERVE`` of
-    its next rehash, the buckets that rehash adds: a memory budget counting this makes room for the larger table
-    before it is built (the old one goes first: lean_rehash), so the rehash of a large index never takes the
-    process past its accounted bytes."""
-    if isinstance(index, DenseIndex):
-        return index.nbytes()
-    n, buckets = len(index), index.buckets
-    extra = buckets * index._index._table.itemsize if n >= INDEX_RESERVE * INDEX_LOAD * buckets else 0
-    return index.nbytes() + extra
+    def grow(self, slots: int) -> None:
+        if len(self.bits) < slots:
+            self.bits = np.concatenate([self.bits, np.zeros((slots - len(self.bits), self.width), np.uint8)])
+
+    def zero(self, slot: int) -> None:
+        self.bits[slot] = 0
+
+    def _where(self, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        locs = np.asarray(locs, np.uint32)
+        slots = (locs >> np.uint32(self.shift)).astype(np.int64)
+        offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        return slots * self.width + (offsets >> 3), np.left_shift(np.uint8(1), (offsets & 7).astype(np.uint8))
+
+    def set(self, locs: np.ndarray) -> None:
+        if len(locs):
+            at, bit = self._where(locs)
+            np.bitwise_or.at(self.bits.reshape(-1), at, bit)
+
+    def clear(self, locs: np.ndarray) -> None:
+        if len(locs):
+            at, bit = self._where(locs)
+            np.bitwise_and.at(self.bits.reshape(-1), at, ~bit)
+
+    def test(self, locs: np.ndarray) -> np.ndarray:
+        at, bit = self._where(locs)
+        return (self.bits.reshape(-1)[at] & bit) != 0
+
+    def offsets(self, slot: int) -> np.ndarray:
+        """The live record numbers of segment ``slot``, ascending."""
+        return np.flatnonzero(np.unpackbits(self.bits[slot], bitorder="little")[:self.segment_rows])
+
+    def counts(self) -> np.ndarray:
+        """Live records by segment slot."""
+        return _POPCOUNT[self.bits].sum(axis=1, dtype=np.int64)
+
+    def nbytes(self) -> int:
+        return self.bits.nbytes

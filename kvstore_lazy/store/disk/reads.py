@@ -179,17 +179,18 @@ class _Taken(Protocol):
 
     record_dtype: np.dtype
 
-    def _drop(self, index: np.ndarray) -> None: ...
+    def _drop(self, ids: np.ndarray, locs: np.ndarray) -> None: ...
 
 
 class Take:
     """The records of a batch of rows being read (:meth:`SegmentStore.begin_take`): ``present``, a mask of the ids
     stored, at once; :meth:`records` waits for the read and checks it (once); :meth:`drop` deletes the rows read
-    from the index, before or after the read (which does not look at the index)."""
+    from the index, before or after the read (which does not look at the index), their locations known (no
+    second lookup)."""
 
-    def __init__(self, store: _Taken, present: np.ndarray, index: np.ndarray,
+    def __init__(self, store: _Taken, present: np.ndarray, ids: np.ndarray, locs: np.ndarray,
                  finish: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> None:
-        self.store, self.present, self._index, self._finish = store, present, index, finish
+        self.store, self.present, self._ids, self._locs, self._finish = store, present, ids, locs, finish
         self._order: np.ndarray | None = None
 
     def records(self) -> tuple[np.ndarray, np.ndarray]:
@@ -204,6 +205,10 @@ class Take:
 
     def drop(self, which: np.ndarray | None = None) -> None:
         """Delete the rows read (with ``which``, a mask over the records, after :meth:`records`: those only)."""
-        gone = self._index if which is None else self._index[self._order[which]]
-        if len(gone):
-            self.store._drop(gone)
+        if which is None:
+            ids, locs = self._ids, self._locs
+        else:
+            at = self._order[which]
+            ids, locs = self._ids[at], self._locs[at]
+        if len(ids):
+            self.store._drop(ids, locs)

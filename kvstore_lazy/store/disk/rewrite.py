@@ -14,6 +14,7 @@ import numpy as np
 
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.disk.errors import DiskError
+from kvstore_lazy.store.disk.index import EMPTY
 from kvstore_lazy.store.disk.records import pick
 from kvstore_lazy.store.disk.state import StoreState
 
@@ -22,17 +23,16 @@ def rewrite(store: StoreState, records: np.ndarray, in_place: bool, ring: bool) 
     """:meth:`SegmentStore.rewrite`: ``in_place`` False appends them all (as for a segment a snapshot links);
     ``ring``: the writes through an io_uring. Returns how many were written in place."""
     store._writer.settle()
-    index = store._index.lookup(records["id"])
-    if (index < 0).any():
-        raise KeyError(f"{int((index < 0).sum())} of {len(records)} rows are not in the store {store.path}")
-    locs = store._locations(index)
+    locs = store._index.lookup(records["id"])
+    if (locs == EMPTY).any():
+        raise KeyError(f"{int((locs == EMPTY).sum())} of {len(records)} rows are not in the store {store.path}")
     slots = (locs >> np.uint32(store._shift)).astype(np.int64)
     alone = np.zeros(int(slots.max()) + 1, bool)
     for slot in np.unique(slots):
         alone[slot] = in_place and _alone(store, int(slot))
     here = alone[slots]
     if not here.all():
-        store._append(pick(records, ~here))     # shared with a snapshot: copy-on-write
+        store._append(pick(records, ~here), old=locs[~here])     # shared with a snapshot: copy-on-write
     if here.any():
         order = np.flatnonzero(here)
         order = order[np.argsort(locs[order], kind="stable")]   # file order: adjacent records one write

@@ -11,16 +11,15 @@ from typing import Protocol
 
 import numpy as np
 
-from kvstore_lazy.store.disk.index import DenseIndex
+from kvstore_lazy.store.disk.index import DenseIndex, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import RecordLayout
 from kvstore_lazy.store.disk.reads import Reads
 from kvstore_lazy.store.disk.writer import Writer
-from kvstore_lazy.store.rows import RowTable
 
 
 class StoreState(Protocol):
     """A SegmentStore as its units see it: the segments by slot (file name, records written, live records), the
-    active segment, the index, what the next commit must fsync or delete, and the log's own operations."""
+    active segment, the index and the live bits, what the next commit must fsync or delete, and the log's own operations."""
 
     path: Path
     layout: RecordLayout
@@ -29,7 +28,9 @@ class StoreState(Protocol):
     record_bytes: int
     counters: dict[str, int]
     version: int
-    _index: RowTable | DenseIndex
+    memtable_entries: int
+    _index: DenseIndex | RunIndex
+    _bits: LiveBits | None                  # a bit a record slot: live (a store with a RunIndex)
     _names: dict[int, str]                  # segment slot -> file name
     _fill: dict[int, int]                   # segment slot -> records written
     _live: np.ndarray                       # segment slot -> live records
@@ -46,9 +47,7 @@ class StoreState(Protocol):
 
     def verify(self) -> None: ...
 
-    def _locations(self, index: np.ndarray) -> np.ndarray: ...
-
-    def _append(self, records: np.ndarray, later: bool = False) -> None: ...
+    def _append(self, records: np.ndarray, later: bool = False, old: np.ndarray | None = None) -> None: ...
 
     def _retire(self, slot: int) -> None: ...
 

@@ -1,7 +1,8 @@
 """Verification: every committed record checked, and the one way a damaged record is reported.
 
-Owns: :func:`verify` (every record the index refers to, read and checked: what :meth:`SegmentStore.open` with
-``verify`` runs), the check of records read whole (compaction), and :func:`refuse`, the SegmentError that names
+Owns: :func:`verify` (every record the index refers to, read and checked, walking the index's ``items()`` a chunk
+at a time, and the index checked against the segments and the live bits: what :meth:`SegmentStore.open` with
+``verify`` runs), and :func:`refuse`, the SegmentError that names
 the segment and its first damaged record. Does not own: the check word (:mod:`.layout`) or the reads
 (:mod:`.reads`, which checks every batch it reads).
 
@@ -15,32 +16,31 @@ from typing import NoReturn
 
 import numpy as np
 
-from kvstore_lazy.store.disk import index as disk_index
 from kvstore_lazy.store.disk.errors import SegmentError
+from kvstore_lazy.store.disk.files import INDEX_FILE
 from kvstore_lazy.store.disk.state import StoreState
 
 VERIFY_BATCH = 1 << 16          # records of one segment read and checked at a time
 
 
 def verify(store: StoreState) -> None:
-    """Check every committed record of every segment (SegmentError naming the first damaged one)."""
-    ids, locs = disk_index.items(store._index)
-    if not len(ids):
-        return
-    slots = (locs >> np.uint32(store._shift)).astype(np.int64)
-    for slot in np.unique(slots):
-        mine = np.flatnonzero(slots == slot)
-        for lo in range(0, len(mine), VERIFY_BATCH):
-            part = mine[lo:lo + VERIFY_BATCH]
-            store._read(ids[part], locs[part])
-
-
-def verify_records(store: StoreState, slot: int, records: np.ndarray, offsets: np.ndarray) -> None:
-    """Refuse records read from segment ``slot`` at ``offsets`` if any fails its check."""
-    locs = offsets.astype(np.uint32) | np.uint32(slot << store._shift)
-    bad = store.layout.checks(records, locs) != records["check"]
-    if bad.any():
-        refuse(store.path / store._names[slot], offsets[bad])
+    """Check every committed record of every segment (SegmentError naming the first damaged one), and the index
+    against the store: every location in a segment it lists, within its fill, marked live (a store with live
+    bits), as many rows as live records."""
+    rows = 0
+    for ids, locs in store._index.items(VERIFY_BATCH):
+        slots = (locs >> np.uint32(store._shift)).astype(np.int64)
+        offsets = (locs & np.uint32(store.segment_rows - 1)).astype(np.int64)
+        fill = np.array([store._fill.get(int(s), -1) for s in range(int(slots.max()) + 1)], np.int64)
+        if (offsets >= fill[slots]).any():
+            raise SegmentError(f"{store.path / INDEX_FILE}: refers to segments it does not list, or past their fill")
+        if store._bits is not None and not store._bits.test(locs).all():
+            raise SegmentError(f"{store.path / INDEX_FILE}: the index and the live records it lists disagree")
+        rows += len(ids)
+        store._read(ids, locs)
+    if rows != len(store) or rows != int(store._live.sum()):
+        raise SegmentError(f"{store.path / INDEX_FILE}: {rows} rows indexed, {len(store)} counted, "
+                           f"{int(store._live.sum())} live records")
 
 
 def refuse(file: Path, bad_offsets: np.ndarray) -> NoReturn:
