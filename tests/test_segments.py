@@ -284,8 +284,9 @@ def test_a_full_disk_is_a_disk_error_naming_the_directory_and_indexes_nothing(tm
 
 def test_index_bytes_per_row_are_small_and_stated(tmp_path):
     """Issue 29 B: a store of 1M rows of hashed ids over 2^40 (a RunIndex) holds under 2 bytes of RAM a row on disk
-    once committed (its runs' bloom filters and fences, the segments' live bits: exact in index_nbytes), and
-    index_row_nbytes states it rounded up; a cold row costs about one index block read."""
+    once committed (its runs' bloom filters and fences, the segments' live bits: exact in index_nbytes);
+    index_row_nbytes states what a row demoted adds now (its memtable entry); a cold row costs about one index
+    block read."""
     store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=1 << 12)
     rng = np.random.default_rng(0)
     ids = rng.choice(2**40, 1_000_000, replace=False).astype(np.uint64)
@@ -294,7 +295,7 @@ def test_index_bytes_per_row_are_small_and_stated(tmp_path):
     store.commit()
     assert store.index_nbytes() == store._index.ram_bytes() + store._bits.nbytes()
     assert store.index_nbytes() / len(store) < 2, store.index_nbytes() / len(store)
-    assert store.index_row_nbytes() == 2
+    assert store.index_row_nbytes() == 12
     store.delete(ids[:100_000])
     store.commit()
     assert len(store) == 900_000 and store.index_nbytes() / len(store) < 2

@@ -139,11 +139,11 @@ def test_a_demotion_the_store_refuses_leaves_every_row_in_the_table(tmp_path, mo
     monkeypatch.setattr(tier_module, "DEMOTE_CHUNK", 64)
     put, calls = tier.store.put_records, []
 
-    def refuse_the_third(records, handoff=False):
+    def refuse_the_third(records, handoff=False, **known):
         calls.append(len(records))
         if len(calls) == 3:
             raise DiskError(28, "disk tier: no space left (the test's)")
-        put(records, handoff=handoff)
+        put(records, handoff=handoff, **known)
 
     monkeypatch.setattr(tier.store, "put_records", refuse_the_third)
     with pytest.raises(DiskTierFailure, match="no space left"):

@@ -325,12 +325,15 @@ class SegmentStore:
     def index_nbytes(self) -> int:
         """RAM the index takes (exact in its arrays): a dense index's locations, or a RunIndex's fences, bloom
         filters and memtable (:meth:`RunIndex.ram_bytes`) and the live bits of the segments."""
-        return self._index.ram_bytes() + (self._bits.nbytes() if self._bits is not None else 0)
+        if isinstance(self._index, DenseIndex):
+            return self._index.ram_bytes()
+        assert self._bits is not None
+        return disk_index.run_ram_bytes(self._index) + self._bits.nbytes()
 
     def index_row_nbytes(self) -> int:
-        """Index RAM one more row on disk adds, rounded up (0 for a dense index; the memtable aside)."""
-        return 0 if isinstance(self._index, DenseIndex) else disk_index.run_row_nbytes(self.compact_ratio,
-                                                                                      self._index.bloom_bits)
+        """Index RAM one more row on disk adds now (the buckets aside): nothing for a dense index; its memtable
+        entry for a RunIndex (12 bytes, until the memtable is written as a run: then ~1.4 bytes a row)."""
+        return 0 if isinstance(self._index, DenseIndex) else self._index._mem.row_nbytes
 
     def disk_bytes(self) -> int:
         """Bytes of the segment files (fixed size each)."""

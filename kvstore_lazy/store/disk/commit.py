@@ -122,8 +122,8 @@ def _load_runs(store: StoreState, info: dict, bits: np.ndarray, listed: list[int
     live.grow(len(store._live))
     if bits.dtype != np.uint8 or bits.shape != (len(listed), live.width):
         raise SegmentError(f"{where}: live bits of shape {bits.shape}, want ({len(listed)}, {live.width})")
-    if len(listed):
-        live.bits[listed] = bits
+    for slot, row in zip(listed, bits):
+        live.load(slot, row)
     store._bits = live
     store._live[:] = live.counts()
     if store.rows is not None:
@@ -152,7 +152,8 @@ def commit(store: StoreState, into=None) -> None:
             manifest = store._index.commit()
             meta["index"] = {"kind": "runs", "manifest": manifest}
             assert store._bits is not None
-            arrays = {"live": store._bits.bits[listed] if listed else np.zeros((0, store._bits.width), np.uint8)}
+            arrays = {"live": np.array([store._bits.row(slot) for slot in listed], np.uint8).reshape(
+                len(listed), store._bits.width)}
         else:
             parts = list(store._index.items())
             arrays = {"ids": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64),

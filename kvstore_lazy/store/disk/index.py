@@ -25,17 +25,17 @@ converted into runs when it is opened (:func:`~.commit.load_index`).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import numpy as np
 
-from kvstore_lazy.store.disk.runs import BLOOM_BITS, EMPTY, RunIndex
-from kvstore_lazy.store.disk.runfile import BLOCK_BYTES
+from kvstore_lazy.store.disk.runs import EMPTY, RunIndex
 
-__all__ = ["DenseIndex", "RunIndex", "LiveBits", "EMPTY", "new_index", "run_row_nbytes"]
+__all__ = ["DenseIndex", "RunIndex", "LiveBits", "EMPTY", "new_index", "run_ram_bytes"]
 
 CHUNK = 1 << 16                 # entries items() gives at a time
+MEMTABLE_LOAD = 0.8             # a RunIndex's memtable's hash table load (runs.RunIndex._new_memtable) ...
+INDEX_RESERVE = 0.95            # ... run_ram_bytes counts its next table from this share of that load on
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
@@ -127,56 +127,94 @@ def new_index(rows: tuple[int, int] | None, directory, memtable_entries: int) ->
     return RunIndex(directory, memtable_entries)
 
 
-def run_row_nbytes(compact_ratio: float, bloom_bits: float = BLOOM_BITS) -> int:
-    """RAM a row on disk adds with a RunIndex, rounded up: its bloom filter bits and fences, and its live bit with
-    the garbage ``compact_ratio`` allows (1.4 bytes at 10 bits and 0.25: 2)."""
-    per_block = (BLOCK_BYTES - 8) // 12
-    return math.ceil(bloom_bits / 8 + 8 / per_block + 1 / (8 * (1 - compact_ratio)))
+def run_ram_bytes(index: RunIndex) -> int:
+    """RAM a RunIndex holds (:meth:`RunIndex.ram_bytes`: its runs' fences and filters, its memtable's hash table),
+    plus, once the memtable is within ``INDEX_RESERVE`` of its next rehash, the buckets that rehash adds: a budget
+    counting this makes room for the larger table before it is built (as for any row table of the server)."""
+    mem = index._mem
+    n, buckets = len(mem), mem.buckets
+    extra = buckets * mem._index._table.itemsize if n >= INDEX_RESERVE * MEMTABLE_LOAD * buckets else 0
+    return index.ram_bytes() + extra
 
 
 class LiveBits:
     """A bit a record slot of every segment slot: set while the record at that location is a row's (live).
-    ``segment_rows`` records a segment, locations ``slot << shift | offset``. 1/8 byte a record slot."""
+    ``segment_rows`` records a segment, locations ``slot << shift | offset``. A segment's bits grow with its
+    records written (doubling, at most ``segment_rows`` bits): 1/8 byte a record written, up to twice that in
+    the active segment. The loops are over the segments a batch touches, never over records."""
 
     def __init__(self, segment_rows: int, shift: int) -> None:
         self.segment_rows, self.shift = segment_rows, shift
         self.width = (segment_rows + 7) // 8
-        self.bits = np.zeros((0, self.width), np.uint8)
+        self.bits: list[np.ndarray] = []                # segment slot -> its bits (little-endian bit order)
 
     def grow(self, slots: int) -> None:
-        if len(self.bits) < slots:
-            self.bits = np.concatenate([self.bits, np.zeros((slots - len(self.bits), self.width), np.uint8)])
+        while len(self.bits) < slots:
+            self.bits.append(np.zeros(0, np.uint8))
 
     def zero(self, slot: int) -> None:
-        self.bits[slot] = 0
+        self.bits[slot] = np.zeros(0, np.uint8)
 
-    def _where(self, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def load(self, slot: int, bits: np.ndarray) -> None:
+        """A segment's bits as committed (``row``: its ``width`` bytes), trailing zero bytes not kept."""
+        used = np.flatnonzero(bits)
+        self.bits[slot] = bits[:int(used[-1]) + 1].copy() if len(used) else np.zeros(0, np.uint8)
+
+    def row(self, slot: int) -> np.ndarray:
+        """A segment's bits as ``width`` bytes (what a commit writes)."""
+        out = np.zeros(self.width, np.uint8)
+        mine = self.bits[slot]
+        out[:len(mine)] = mine
+        return out
+
+    def _apply(self, locs: np.ndarray, on: bool) -> None:
         locs = np.asarray(locs, np.uint32)
         slots = (locs >> np.uint32(self.shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        return slots * self.width + (offsets >> 3), np.left_shift(np.uint8(1), (offsets & 7).astype(np.uint8))
+        order = np.argsort(slots, kind="stable")
+        slots, offsets = slots[order], offsets[order]
+        cuts = np.flatnonzero(np.diff(slots)) + 1
+        for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(slots)]])):
+            slot, part = int(slots[lo]), offsets[lo:hi]
+            mine = self.bits[slot]
+            top = int(part.max()) // 8 + 1
+            if on and top > len(mine):
+                size = min(self.width, max(top, 2 * len(mine), 16))
+                mine = self.bits[slot] = np.concatenate([mine, np.zeros(size - len(mine), np.uint8)])
+            byte, bit = part >> 3, np.left_shift(np.uint8(1), (part & 7).astype(np.uint8))
+            if on:
+                np.bitwise_or.at(mine, byte, bit)
+            else:
+                inside = byte < len(mine)
+                np.bitwise_and.at(mine, byte[inside], ~bit[inside])
 
     def set(self, locs: np.ndarray) -> None:
         if len(locs):
-            at, bit = self._where(locs)
-            np.bitwise_or.at(self.bits.reshape(-1), at, bit)
+            self._apply(locs, True)
 
     def clear(self, locs: np.ndarray) -> None:
         if len(locs):
-            at, bit = self._where(locs)
-            np.bitwise_and.at(self.bits.reshape(-1), at, ~bit)
+            self._apply(locs, False)
 
     def test(self, locs: np.ndarray) -> np.ndarray:
-        at, bit = self._where(locs)
-        return (self.bits.reshape(-1)[at] & bit) != 0
+        locs = np.asarray(locs, np.uint32)
+        slots = (locs >> np.uint32(self.shift)).astype(np.int64)
+        offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        out = np.zeros(len(locs), bool)
+        for slot in np.unique(slots):
+            at = np.flatnonzero(slots == slot)
+            mine, part = self.bits[int(slot)] if slot < len(self.bits) else np.zeros(0, np.uint8), offsets[at]
+            inside = (part >> 3) < len(mine)
+            out[at[inside]] = (mine[part[inside] >> 3] >> (part[inside] & 7).astype(np.uint8)) & 1 != 0
+        return out
 
     def offsets(self, slot: int) -> np.ndarray:
         """The live record numbers of segment ``slot``, ascending."""
-        return np.flatnonzero(np.unpackbits(self.bits[slot], bitorder="little")[:self.segment_rows])
+        return np.flatnonzero(np.unpackbits(self.bits[slot], bitorder="little"))
 
     def counts(self) -> np.ndarray:
         """Live records by segment slot."""
-        return _POPCOUNT[self.bits].sum(axis=1, dtype=np.int64)
+        return np.array([int(_POPCOUNT[mine].sum()) for mine in self.bits], np.int64)
 
     def nbytes(self) -> int:
-        return self.bits.nbytes
+        return sum(mine.nbytes for mine in self.bits)

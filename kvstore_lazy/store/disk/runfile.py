@@ -199,6 +199,15 @@ class Run:
             n -= self.blocks * self.fmt.per_block - self.entries
         return ids.reshape(-1)[:n], locs.reshape(-1)[:n]
 
+    def may_hold(self, ids: np.ndarray) -> np.ndarray:
+        """A mask of the ``ids`` this run may hold (its id range and bloom filter, in RAM: no read; never False
+        for an id it holds)."""
+        out = (ids >= self.fences[0]) & (ids <= self.last) if self.blocks else np.zeros(len(ids), bool)
+        at = np.flatnonzero(out)
+        if len(at):
+            out[at] = _bloom_test(self.bloom, ids[at], self.seed)
+        return out
+
     def probe(self, ids: np.ndarray, counters: dict) -> tuple[np.ndarray, np.ndarray]:
         """(mask of ``ids`` (ascending) found here, their locations, tombstones included)."""
         found = np.zeros(len(ids), bool)

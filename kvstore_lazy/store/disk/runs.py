@@ -189,7 +189,11 @@ class RunIndex:
         ids = as_row_ids(row_ids)
         old = self._old(ids, old)
         present = old != EMPTY
-        self._put(ids[present], np.full(int(present.sum()), TOMBSTONE, np.uint32), old[present])
+        gone, was = ids[present], old[present]
+        hidden = self._in_runs(gone)            # a tombstone only where a run may hold an older entry
+        if not hidden.all():
+            self._forget(gone[~hidden])
+        self._put(gone[hidden], np.full(int(hidden.sum()), TOMBSTONE, np.uint32), was[hidden])
         return old
 
     def items(self, chunk: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -311,6 +315,19 @@ class RunIndex:
             was = part_old != EMPTY
             now = part_locs != TOMBSTONE
             self._live += int((now & ~was).sum()) - int((~now & was).sum())
+
+    def _in_runs(self, ids: np.ndarray) -> np.ndarray:
+        """A mask of the ``ids`` some run may hold (their bloom filters: no read)."""
+        out = np.zeros(len(ids), bool)
+        for run in self._runs:
+            out |= run.may_hold(ids)
+        return out
+
+    def _forget(self, ids: np.ndarray) -> None:
+        """Drop present ``ids`` no run holds: their memtable entries go (no tombstone: nothing older to hide)."""
+        slots = self._mem.lookup(ids)
+        self._mem.remove_slots(slots[slots >= 0])
+        self._live -= len(ids)
 
     def _memtable_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self._mem)
