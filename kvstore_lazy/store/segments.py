@@ -110,7 +110,7 @@ class SegmentStore:
         self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
         self.memtable_entries = int(memtable_entries)
         self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else None  # type: ignore
-        self._bits: LiveBits | None = None if self.rows is not None else LiveBits(layout.segment_rows, layout.shift)
+        self._bits: LiveBits | None = None          # the live bits: made once the RunIndex has runs (_ensure_bits)
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
@@ -327,8 +327,7 @@ class SegmentStore:
         filters and memtable (:meth:`RunIndex.ram_bytes`) and the live bits of the segments."""
         if isinstance(self._index, DenseIndex):
             return self._index.ram_bytes()
-        assert self._bits is not None
-        return disk_index.run_ram_bytes(self._index) + self._bits.nbytes()
+        return disk_index.run_ram_bytes(self._index) + (self._bits.nbytes() if self._bits is not None else 0)
 
     def index_row_nbytes(self) -> int:
         """Index RAM one more row on disk adds now (the buckets aside): nothing for a dense index; its memtable
@@ -403,6 +402,7 @@ class SegmentStore:
                 raise DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}") from exc
             raise
         old = self._index.set(ids, locs, old)
+        self._ensure_bits()
         self.version += 1
         self._unlive(old[old != EMPTY])
         self._live += np.bincount((locs >> np.uint32(self._shift)).astype(np.int64), minlength=len(self._live))
@@ -413,8 +413,19 @@ class SegmentStore:
     def _drop(self, ids: np.ndarray, locs: np.ndarray) -> None:
         """Remove ``ids`` (stored, at ``locs``) from the index."""
         self._index.remove(ids, locs)
+        self._ensure_bits()
         self._unlive(locs)
         self.version += 1
+
+    def _ensure_bits(self) -> None:
+        """Make the live bits once the RunIndex has written its first run (while every entry is in its memtable,
+        in RAM, compaction looks records up as with a dense index): from its entries, at most a memtable's."""
+        if self._bits is None and isinstance(self._index, RunIndex) and self._index._runs:
+            bits = LiveBits(self.segment_rows, self._shift)
+            bits.grow(len(self._live))
+            for _, locs in self._index.items():
+                bits.set(locs)
+            self._bits = bits
 
     def _unlive(self, locs: np.ndarray) -> None:
         """The records at ``locs`` are garbage from now on (the live counts and bits)."""
@@ -432,6 +443,8 @@ class SegmentStore:
         else:
             (self.path / name).unlink(missing_ok=True)     # (a snapshot holding it has a link of its own)
         del self._fill[slot]
+        if self._bits is not None:
+            self._bits.zero(slot)
         if self._active == slot:
             self._active = None
 

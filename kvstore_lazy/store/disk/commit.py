@@ -92,8 +92,6 @@ def _load_ids(store: StoreState, ids: np.ndarray, locs: np.ndarray, listed: list
     if store.rows is None:                  # the old hash index: runs made from it, committed at the next commit
         for file in list(store.path.glob(RUN_GLOB)) + list(store.path.glob(RUN_GLOB + TEMP_SUFFIX)):
             file.unlink()                   # a conversion a killed process began: no commit lists them
-        store._bits = LiveBits(store.segment_rows, store._shift)
-        store._bits.grow(len(store._live))
     if len(ids):
         slots = (locs >> np.uint32(store._shift)).astype(np.int64)
         if not np.isin(slots, listed).all():
@@ -111,7 +109,9 @@ def _load_ids(store: StoreState, ids: np.ndarray, locs: np.ndarray, listed: list
             store._index.set(part, locs[lo:lo + CONVERT_CHUNK], old=empty[:len(part)])
     except ValueError as exc:
         raise SegmentError(f"{where}: {exc}") from None
-    if store._bits is not None:
+    if isinstance(store._index, RunIndex) and store._index._runs:
+        store._bits = LiveBits(store.segment_rows, store._shift)
+        store._bits.grow(len(store._live))
         store._bits.set(locs)
 
 
@@ -150,10 +150,12 @@ def commit(store: StoreState, into=None) -> None:
         manifest = None
         if isinstance(store._index, RunIndex):
             manifest = store._index.commit()
+            store._ensure_bits()
             meta["index"] = {"kind": "runs", "manifest": manifest}
-            assert store._bits is not None
-            arrays = {"live": np.array([store._bits.row(slot) for slot in listed], np.uint8).reshape(
-                len(listed), store._bits.width)}
+            bits = store._bits
+            width = (store.segment_rows + 7) // 8
+            arrays = {"live": np.array([bits.row(slot) if bits is not None else np.zeros(width, np.uint8)
+                                        for slot in listed], np.uint8).reshape(len(listed), width)}
         else:
             parts = list(store._index.items())
             arrays = {"ids": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64),
