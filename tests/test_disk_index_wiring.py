@@ -1,0 +1,234 @@
+"""SegmentStore over its on-disk index (store/disk/runs.py RunIndex): crashes, snapshots, damage, compaction by
+the live bits, and stores committed with the hash index of earlier versions (issue 29 part B)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore_lazy.store.disk.index import DenseIndex, RunIndex
+from kvstore_lazy.store.segments import SegmentError, SegmentStore
+from test_segments import PAYLOAD, payload
+
+HERE = Path(__file__).parent
+
+
+def hashed(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).choice(2**40, n, replace=False).astype(np.uint64)
+
+
+def contents(store: SegmentStore) -> tuple[bytes, bytes]:
+    ids = store.row_ids()
+    return ids.tobytes(), store.get(ids).tobytes()
+
+
+def runs_in(path: Path) -> list[str]:
+    return sorted(p.name for p in path.glob("idx-*.run"))
+
+
+def test_a_store_indexes_rows_in_runs_and_reopens_as_committed(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=100)
+    assert isinstance(store._index, RunIndex)
+    ids = hashed(1000)
+    store.put(ids, payload(ids))
+    store.delete(ids[::3])
+    assert runs_in(tmp_path / "s"), "the memtable was written as runs"
+    store.commit()
+    want = contents(store)
+    with np.load(tmp_path / "s" / "index.npz") as z:
+        assert "ids" not in z.files and "live" in z.files     # the manifest and the live bits, not every id
+        meta = json.loads(bytes(z["meta"]).decode())
+    assert meta["index"]["kind"] == "runs" and [r[0] for r in meta["index"]["manifest"]["runs"]] == \
+        runs_in(tmp_path / "s")
+    store.close()
+    again = SegmentStore.open(tmp_path / "s")
+    assert contents(again) == want and len(again) == len(ids) - len(ids[::3])
+    s = again.stats()
+    assert s["index_disk_bytes"] > 0 and s["index_runs"] >= 1 and s["index_reads_per_lookup"] > 0
+
+
+CRASH = """
+import os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from test_segments import PAYLOAD, payload
+from kvstore_lazy.store.segments import SegmentStore
+store = SegmentStore.open(sys.argv[1], memtable_entries=50)
+ids = np.arange(10**6, 10**6 + 700, dtype=np.uint64)
+store.put(ids, payload(ids, 1.0))
+store.delete(store.row_ids()[:100])
+store.compact(0.1)
+os._exit(9)                                 # killed: no commit, no close
+"""
+
+
+def test_a_store_killed_after_its_commit_reopens_as_committed_its_later_runs_deleted(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=50)
+    ids = hashed(600, 1)
+    store.put(ids, payload(ids))
+    store.delete(ids[:50])
+    store.commit()
+    committed_runs = runs_in(tmp_path / "s")
+    want = contents(store)
+    store.close()
+    out = subprocess.run([sys.executable, "-c", CRASH, str(tmp_path / "s"), str(HERE)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 9, out.stderr
+    written = runs_in(tmp_path / "s")
+    assert set(written) - set(committed_runs), "the killed process wrote runs of its own"
+    again = SegmentStore.open(tmp_path / "s")
+    assert runs_in(tmp_path / "s") == committed_runs                      # its runs, uncommitted, deleted
+    assert not list((tmp_path / "s").glob("*.tmp"))
+    assert contents(again) == want
+    # and it goes on from there: written, committed, reopened
+    more = np.arange(5, 305, dtype=np.uint64)
+    again.put(more, payload(more, 2.0))
+    again.commit()
+    want = contents(again)
+    again.close()
+    assert contents(SegmentStore.open(tmp_path / "s")) == want
+
+
+def test_a_snapshot_hard_links_the_runs_and_keeps_them_when_the_store_moves_on(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=64)
+    ids = hashed(2000, 2)
+    store.put(ids, payload(ids))
+    store.commit(into=tmp_path / "snap")
+    want = contents(store)
+    listed = runs_in(tmp_path / "snap")
+    assert listed and set(listed) <= set(runs_in(tmp_path / "s"))
+    for name in listed:                                    # the same file, linked
+        assert os.stat(tmp_path / "snap" / name).st_ino == os.stat(tmp_path / "s" / name).st_ino
+    # the store moves on: rows change, runs merge (replaced ones deleted at its commits), segments compacted
+    for salt in range(1, 6):
+        store.put(ids[::salt], payload(ids[::salt], float(salt)))
+        store.delete(ids[salt::7])
+        store.compact_store()
+        store.commit()
+    assert not set(listed) & set(runs_in(tmp_path / "s")), "the store's runs were all replaced"
+    snap = SegmentStore.open(tmp_path / "snap")
+    assert contents(snap) == want and runs_in(tmp_path / "snap") == listed
+
+
+def test_a_damaged_run_is_refused_by_name(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=100)
+    ids = hashed(3000, 3)
+    store.put(ids, payload(ids))
+    store.commit()
+    store.close()
+    run = tmp_path / "s" / runs_in(tmp_path / "s")[0]
+    data = bytearray(run.read_bytes())
+    data[4096 + 100] ^= 0xFF                                # a data block
+    run.write_bytes(bytes(data))
+    with pytest.raises(SegmentError, match=rf"index run .*{run.name}: block 1 is damaged"):
+        SegmentStore.open(tmp_path / "s")
+    data[4096 + 100] ^= 0xFF
+    data[-100] ^= 0xFF                                      # the footer: refused even without verify
+    run.write_bytes(bytes(data))
+    with pytest.raises(SegmentError, match=rf"{run.name}"):
+        SegmentStore.open(tmp_path / "s", verify=False)
+    run.unlink()                                            # a missing run
+    with pytest.raises(SegmentError, match=rf"{run.name}"):
+        SegmentStore.open(tmp_path / "s", verify=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compaction_by_the_live_bits_equals_compaction_by_lookups(tmp_path, seed):
+    """The same operations on a store whose RunIndex has runs (compaction finds live records by the live bits)
+    and on one with a dense index (by looking each record up): the same files, byte for byte."""
+    rng = np.random.default_rng(seed)
+    universe = np.arange(5000, dtype=np.uint64)
+    runs = SegmentStore(tmp_path / "r", PAYLOAD, segment_rows=32, memtable_entries=int(rng.integers(20, 200)))
+    dense = SegmentStore(tmp_path / "d", PAYLOAD, segment_rows=32, rows=(0, 5000))
+    assert isinstance(dense._index, DenseIndex)
+    compacted = 0
+    for step in range(60):
+        put = rng.choice(universe, int(rng.integers(1, 200)), replace=False)
+        gone = rng.choice(universe, int(rng.integers(0, 150)), replace=False)
+        for store in (runs, dense):
+            store.put(put, payload(put, float(step)))
+            store.delete(gone)
+        if step % 5 == 4:
+            assert runs._bits is not None
+            for slot in runs._sealed():             # the bits mark exactly the records the index places there
+                here = np.arange(32, dtype=np.uint32) | np.uint32(slot << runs._shift)
+                ids = runs._reads.segment(slot, 32)["id"]
+                np.testing.assert_array_equal(runs._bits.offsets(slot),
+                                              np.flatnonzero(runs._index.lookup(ids) == here))
+            ratio = float(rng.uniform(0.1, 0.6))
+            done = [runs.compact(ratio), dense.compact(ratio)]
+            assert done[0] == done[1]
+            compacted += done[0]
+            done = [runs.compact_store(), dense.compact_store()]
+            assert done[0] == done[1]
+            compacted += done[0]
+        if step % 7 == 6:
+            runs.commit()
+            dense.commit()
+    assert compacted > 5
+    assert runs.stats()["garbage_records"] == dense.stats()["garbage_records"]
+    files = sorted(p.name for p in (tmp_path / "d").glob("seg-*.dat"))
+    assert files == sorted(p.name for p in (tmp_path / "r").glob("seg-*.dat"))
+    for name in files:
+        assert (tmp_path / "r" / name).read_bytes() == (tmp_path / "d" / name).read_bytes()
+    assert contents(runs) == contents(dense)
+    runs.commit()
+    want = contents(runs)
+    runs.close()
+    assert contents(SegmentStore.open(tmp_path / "r")) == want
+
+
+def write_old_index(path: Path, ids: np.ndarray, locs: np.ndarray, meta: dict) -> None:
+    """index.npz as the hash-index store of earlier versions committed it (commit.py before issue 29 B)."""
+    meta = {k: meta[k] for k in ("next_number", "active", "segments")}
+    tmp = path / "index.npz.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, ids=ids, locs=locs, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    os.replace(tmp, path / "index.npz")
+
+
+def test_a_store_committed_with_the_old_hash_index_opens_converted_into_runs(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=10_000)
+    ids = hashed(3000, 4)
+    store.put(ids, payload(ids))
+    store.put(ids[:500], payload(ids[:500], 3.0))         # garbage in the first segments
+    store.delete(ids[-300:])
+    store.commit()
+    want = contents(store)
+    live_ids, live_locs = store.row_ids(), store._index.lookup(store.row_ids())
+    with np.load(tmp_path / "s" / "index.npz") as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+    store.close()
+    for name in runs_in(tmp_path / "s"):
+        (tmp_path / "s" / name).unlink()
+    order = np.random.default_rng(0).permutation(len(live_ids))    # a hash index lists its rows by slot
+    write_old_index(tmp_path / "s", live_ids[order], live_locs[order], meta)
+    (tmp_path / "s" / "idx-000009.run").write_bytes(b"a conversion a killed process began")
+    old = SegmentStore.open(tmp_path / "s", memtable_entries=200)
+    assert isinstance(old._index, RunIndex) and contents(old) == want
+    assert "idx-000009.run" not in runs_in(tmp_path / "s") and runs_in(tmp_path / "s")
+    assert old.compact(0.2) > 0 and contents(old) == want          # the live bits made at the conversion
+    old.commit()
+    with np.load(tmp_path / "s" / "index.npz") as z:
+        assert "ids" not in z.files
+    old.close()
+    assert contents(SegmentStore.open(tmp_path / "s")) == want
+
+
+def test_an_old_index_that_lists_a_row_twice_is_refused(tmp_path):
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64)
+    ids = np.arange(100, dtype=np.uint64)
+    store.put(ids, payload(ids))
+    store.commit()
+    locs = store._index.lookup(ids)
+    with np.load(tmp_path / "s" / "index.npz") as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+    store.close()
+    write_old_index(tmp_path / "s", np.concatenate([ids, ids[:1]]), np.concatenate([locs, locs[1:2]]), meta)
+    with pytest.raises(SegmentError, match="lists a row twice"):
+        SegmentStore.open(tmp_path / "s")
