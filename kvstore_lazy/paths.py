@@ -14,7 +14,8 @@ Layout::
     <snapshot dir>/tagged/rank<r>/                   the last snapshot a worker asked for with a tag
     <snapshot dir>/journal.rank<r>.<epoch>.<seq>     the requests since the snapshot at journal seq <seq>
     <snapshot dir>/node.rank<r>.json                 who the server was in its job (for a rejoin)
-    <disk dir>/rank<r>/key<k>/store.json             a key's disk tier store: layout, index.npz, seg-000001.dat...
+    <disk dir>/rank<r>/key<k>/store.json             a key's disk tier store: layout, index.npz, seg-000001.dat...,
+                                                     idx-000001.run... (its index runs)
     <file>.lazy.json                                 beside a worker checkpoint: how its absent rows are computed
     .<name>.<pid>.<hex>.tmp, .<name>.XXXX.tmp/, .<name>.old   what an interrupted atomic write leaves beside <name>
     .<name>.new/                                     a new version of directory <name>, COMMITTED, not yet swapped in
@@ -37,6 +38,7 @@ MANIFEST = "manifest.json"
 STORE_FILE = "store.json"
 INDEX_FILE = "index.npz"
 SEGMENT_GLOB = "seg-*.dat"
+RUN_PREFIX, RUN_SUFFIX = "idx-", ".run"             # a disk tier store's index runs: idx-000001.run ...
 SIDECAR_SUFFIX = ".lazy.json"
 TEMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
@@ -98,6 +100,11 @@ def disk_store(disk_dir: PathLike, rank: int, key: int) -> Path:
 
 def segment(store: PathLike, number: int) -> Path:
     return Path(store) / f"seg-{number:06d}.dat"
+
+
+def index_run(store: PathLike, number: int) -> Path:
+    """The ``number``-th index run a disk tier store's RunIndex wrote (``store.disk.runfile``)."""
+    return Path(store) / f"{RUN_PREFIX}{number:06d}{RUN_SUFFIX}"
 
 
 # ---- worker checkpoints

@@ -303,7 +303,8 @@ def test_index_bytes_per_row_are_small_and_stated(tmp_path):
     cold = rng.choice(ids[100_000:], 20_000, replace=False)
     assert store.get(cold).tobytes() == payload(cold).tobytes()
     after = store.stats()
-    reads = (after["index_blocks_read"] - before["index_blocks_read"]) / (after["index_lookups"] - before["index_lookups"])
+    reads = (after["index_blocks_read"] - before["index_blocks_read"]) / \
+        (after["index_lookups"] - before["index_lookups"])
     assert reads <= 1.1 and 0 < after["index_reads_per_lookup"] and after["index_disk_bytes"] > 0
 
 

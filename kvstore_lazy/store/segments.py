@@ -1,19 +1,21 @@
 """A log-structured store of fixed-size row records on disk: the disk tier of a row table.
 
 Owns: :class:`SegmentStore`, the facade that composes the units of :mod:`kvstore_lazy.store.disk` into one store,
-the state they share (the segments by slot: file name, records written, live records; the active segment; the
-index; what the next commit must fsync or delete) and the append at the end of the log; and the store's knobs
-(``READ_*``, ``WRITE_RING``, ``REWRITE_IN_PLACE``, the compaction bounds), read here at every call and passed to
-the units, so a benchmark script or a test may set them on this module. It re-exports the names callers import
-from here (the errors, :class:`DenseIndex`, the record copies, :func:`executor`, :func:`fsync_path`,
-:func:`link_or_copy`). Does not own: the row table it serves (:mod:`kvstore_lazy.store.tier`).
+the state they share (the segments by slot: file name, records written, live records and their bits; the
+active segment; the index; what the next commit must fsync or delete) and the append at the end of the log; and
+the store's knobs (``READ_*``, ``WRITE_RING``, ``REWRITE_IN_PLACE``, the compaction bounds), read here at every
+call and passed to the units, so a benchmark script or a test may set them on this module. It re-exports the
+names callers import from here (the errors, :class:`DenseIndex`, :class:`RunIndex`, the record copies,
+:func:`executor`, :func:`fsync_path`, :func:`link_or_copy`). Does not own: the row table it serves (:mod:`kvstore_lazy.store.tier`).
 
 Layout of a store directory::
 
     store.json              the record layout (payload dtype, bytes per record, records per segment) and, for a
                             dense index, the row range; written once
-    index.npz               the committed index: row ids, their record locations, the segments they live in
+    index.npz               the commit point: the segments and their fill, and the index as committed (a dense
+                            index's ids and locations; a RunIndex's manifest and the live bits of each segment)
     seg-000001.dat ...      segment files, each exactly ``segment_rows`` records (reserved with posix_fallocate)
+    idx-000001.run ...      the RunIndex's runs (:mod:`.disk.runs`), each written once
 
 A *record* is ``id`` (uint64), ``check`` (uint32) and the payload (a numpy structured dtype chosen by the caller:
 the weights, every optimizer state and the per-row policy columns of one row, together): :mod:`.disk.layout`.
@@ -24,17 +26,22 @@ segments are *compacted* (their live records appended anew, the file gone): by :
 emptiest is half garbage, a few a call; by :meth:`SegmentStore.compact` every one whose own garbage passes the
 ratio (:mod:`.disk.compaction`).
 
-The index (row id -> location, :mod:`.disk.index`) holds one ``uint32`` per row: a :class:`DenseIndex` for a store
-given its row range (4 bytes a *possible* row), else a hash index (17 to 22 bytes a stored row).
+The index (row id -> location, :mod:`.disk.index`), id-based: ``lookup(ids) -> locs``, ``set``/``remove`` returning
+the previous locations (given by the caller where it knows them: a demotion's rows are absent, a promotion's were
+just looked up, a compaction's are live). A :class:`DenseIndex` for a store given its row range (4 bytes a
+*possible* row), else a :class:`RunIndex` in the store's directory, an LSM index out of RAM (about 1.4 bytes a row:
+its bloom filters and fences, and the live bits, a bit a record slot, by which compaction finds live records
+without reading the index; the memtable aside).
 
 Durability (:mod:`.disk.commit`). The index file is the commit point: :meth:`SegmentStore.commit` fsyncs the
-segments written since the last commit, then writes ``index.npz`` atomically. A store opened again holds exactly
-what the last commit held. A commit into another directory (a server snapshot) hard-links the segment files;
+segments written since the last commit, writes the RunIndex's memtable as a run, then writes ``index.npz``
+atomically. A store opened again holds exactly what the last commit held (index runs written after it are
+deleted). A commit into another directory (a server snapshot) hard-links the segment files and the index runs;
 :meth:`SegmentStore.rewrite` writes in place only into a segment no other directory links (:mod:`.disk.rewrite`).
 
 Damage (:mod:`.disk.verify`). Every record carries a check, verified on every read and, at :meth:`open` with
-``verify``, for every committed record: a damaged, truncated or missing segment is a :class:`SegmentError` naming
-the file (and the record), never wrong values.
+``verify``, for every committed record: a damaged, truncated or missing segment or index run is a
+:class:`SegmentError` naming the file (and the record or block), never wrong values.
 
 Disk full / write errors. Space for a segment is reserved when it is created (``posix_fallocate``), so a full disk
 shows up there, never as a half-written record, as a :class:`DiskError` naming the directory; a failing
@@ -71,8 +78,8 @@ from kvstore_lazy.store.disk.runs import MEMTABLE_ENTRIES
 from kvstore_lazy.store.rows import as_row_ids
 
 __all__ = ["SegmentStore", "Take", "SegmentError", "DiskError", "DenseIndex", "DEFAULT_SEGMENT_ROWS",
-           "DEFAULT_COMPACT_RATIO", "FORMAT", "MAX_SLOTS_BITS", "MEMTABLE_ENTRIES", "RunIndex", "executor", "fsync_path",
-           "link_or_copy", "pick", "put_at", "join"]
+           "DEFAULT_COMPACT_RATIO", "FORMAT", "MAX_SLOTS_BITS", "MEMTABLE_ENTRIES", "RunIndex", "executor",
+           "fsync_path", "link_or_copy", "pick", "put_at", "join"]
 
 DEFAULT_SEGMENT_ROWS = 1 << 16
 DEFAULT_COMPACT_RATIO = 0.25     # (KVSTORE_LAZY_DISK_COMPACT; see the README's disk tier costs)
@@ -109,7 +116,8 @@ class SegmentStore:
         self._checks, self._checks_numpy = layout.checks, layout.checks_numpy
         self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
         self.memtable_entries = int(memtable_entries)
-        self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else None  # type: ignore
+        # the index: dense over rows, else a RunIndex made below (a new store) or by load_index (an open)
+        self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else DenseIndex(0, 0)
         self._bits: LiveBits | None = None          # the live bits: made once the RunIndex has runs (_ensure_bits)
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
@@ -311,8 +319,7 @@ class SegmentStore:
     def close(self) -> None:
         self._writer.wait()             # (their errors, if any, were the caller's to see)
         self._reads.close()
-        if self._index is not None:
-            self._index.close()
+        self._index.close()
 
     def __del__(self) -> None:
         try:
@@ -347,8 +354,8 @@ class SegmentStore:
         if isinstance(self._index, RunIndex):
             c = self._index.counters
             out.update(index_runs=len(self._index._runs), index_lookups=c["lookups"],
-                       index_blocks_read=c["blocks_read"],
-                       index_reads_per_lookup=c["blocks_read"] / max(1, c["lookups"]))
+                       index_blocks_read=c["blocks_read"])
+            return {**out, "index_reads_per_lookup": c["blocks_read"] / max(1, c["lookups"])}
         return out
 
     # -- internals (the units of kvstore_lazy.store.disk work through these)

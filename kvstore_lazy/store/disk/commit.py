@@ -29,9 +29,9 @@ from kvstore_lazy.store.disk.files import INDEX_FILE, SEGMENT_GLOB, STORE_FILE, 
 from kvstore_lazy.store.disk.index import EMPTY, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import FORMAT
 from kvstore_lazy.store.disk.runfile import RUN_GLOB, TEMP_SUFFIX
+from kvstore_lazy.store.disk.state import StoreState
 
 CONVERT_CHUNK = 1 << 16         # ids of an old hash index put into the runs at a time
-from kvstore_lazy.store.disk.state import StoreState
 
 
 def write_layout(store: StoreState) -> None:
@@ -147,9 +147,9 @@ def commit(store: StoreState, into=None) -> None:
         listed = sorted(store._names)
         meta = {"next_number": store._next_number, "active": store._active,
                 "segments": [[slot, store._names[slot], store._fill[slot]] for slot in listed]}
-        manifest = None
-        if isinstance(store._index, RunIndex):
-            manifest = store._index.commit()
+        manifest, runs = None, store._index if isinstance(store._index, RunIndex) else None
+        if runs is not None:
+            manifest = runs.commit()
             store._ensure_bits()
             meta["index"] = {"kind": "runs", "manifest": manifest}
             bits = store._bits
@@ -167,12 +167,12 @@ def commit(store: StoreState, into=None) -> None:
             target.mkdir(parents=True)
             for name in [store._names[s] for s in listed] + [STORE_FILE]:
                 link_or_copy(store.path / name, target / name)
-            if manifest is not None:
-                store._index.link_into(manifest, target)
+            if runs is not None and manifest is not None:
+                runs.link_into(manifest, target)
         atomic_write(target / INDEX_FILE, lambda f: np.savez(f, **arrays))
         if into is None:
-            if manifest is not None:
-                store._index.committed(manifest)
+            if runs is not None and manifest is not None:
+                runs.committed(manifest)
             store._committed = set(store._names.values())
             for name in store._retired:
                 (store.path / name).unlink(missing_ok=True)

@@ -31,13 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.files import fsync_path
 from kvstore_lazy.store.disk.reads import uring
 
 TOMBSTONE = 0xFFFFFFFE              # a removed id, in the memtable and in runs
-RUN_PREFIX, RUN_SUFFIX, TEMP_SUFFIX = "idx-", ".run", ".tmp"
+RUN_PREFIX, RUN_SUFFIX, TEMP_SUFFIX = paths.RUN_PREFIX, paths.RUN_SUFFIX, paths.TEMP_SUFFIX
 RUN_GLOB = f"{RUN_PREFIX}*{RUN_SUFFIX}"
 BLOCK_BYTES = 4096
 CHUNK = 1 << 16                     # entries a run's bloom filter is built from at a time (read back)
@@ -55,7 +56,7 @@ _ROW = np.dtype("V32")              # one block of the bloom filter as one item
 
 def run_name(number: int) -> str:
     """The file name of the ``number``-th run an index wrote (numbers are not reused within a commit's life)."""
-    return f"{RUN_PREFIX}{number:06d}{RUN_SUFFIX}"
+    return paths.index_run(".", number).name
 
 
 def _mix(ids: np.ndarray, seed: int) -> np.ndarray:

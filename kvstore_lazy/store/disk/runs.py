@@ -5,8 +5,8 @@ with its fence pointers and a bloom filter in RAM), lookups over them, the flush
 merged, and the manifest naming the runs of a commit. Does not own: a run file's bytes (:mod:`.runfile`: the
 format, writing, reading, the merge itself), the locations' meaning (:mod:`.layout`), the
 commit point (the caller writes :meth:`RunIndex.commit`'s manifest into its own commit file), or when a commit
-happens. Not yet used by :class:`~kvstore_lazy.store.segments.SegmentStore` (docs/design/disk-tier.md, "The index
-out of RAM", says what wiring it in needs).
+happens. The index of a :class:`~kvstore_lazy.store.segments.SegmentStore` without a dense row range (through
+:mod:`.index`; docs/design/disk-tier.md, "The index out of RAM").
 
 Entries are (id uint64, loc uint32): the location ``slot << shift | offset`` of :mod:`.index`, :data:`EMPTY`
 (0xFFFFFFFF) for "absent" in what :meth:`RunIndex.lookup` returns, and :data:`TOMBSTONE` (0xFFFFFFFE) stored for a
@@ -31,11 +31,12 @@ newest source wins; a tombstone hides older entries.
 Flush and merge. When a set would take the memtable past ``memtable_entries`` it is written first as a new run.
 After each flush the newest runs are merged into one while they sum to at least 1/:data:`MERGE_RATIO` of the run
 before them, so each run is more than 4 times the size of the next newer one: at most ``log4(n / memtable) + 1``
-runs. A merge is a streaming k-way merge in chunks (:data:`CHUNK` entries of all inputs), newest entry of an id kept,
-tombstones dropped when the merge includes the oldest run. Every temporary is bounded by a chunk, a batch or the
-memtable, never by the index's size; a run being written keeps only its fences in RAM and builds its bloom filter
-when its entry count is known (re-reading its own blocks), in the room of its inputs' filters, which a merge frees
-first (and reads back from their files if it fails).
+runs. A removal of an id no run may hold (their bloom filters say so, in RAM) drops its memtable entry instead
+of writing a tombstone. A merge is a streaming k-way merge in chunks (:data:`CHUNK` entries of all inputs), newest
+entry of an id kept, tombstones dropped when the merge includes the oldest run. Every temporary is bounded by a
+chunk, a batch or the memtable, never by the index's size; a run being written keeps only its fences in RAM and
+builds its bloom filter when its entry count is known (re-reading its own blocks), in the room of its inputs'
+filters, which a merge frees first (and reads back from their files if it fails).
 
 Crash consistency. The runs in use are named by :meth:`RunIndex.manifest` (JSON-able). :meth:`RunIndex.commit`
 flushes the memtable (however small) and returns the manifest: every run it lists is durable and the state is

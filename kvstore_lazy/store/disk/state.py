@@ -19,7 +19,8 @@ from kvstore_lazy.store.disk.writer import Writer
 
 class StoreState(Protocol):
     """A SegmentStore as its units see it: the segments by slot (file name, records written, live records), the
-    active segment, the index and the live bits, what the next commit must fsync or delete, and the log's own operations."""
+    active segment, the index and the live bits, what the next commit must fsync or delete, and the log's own
+    operations."""
 
     path: Path
     layout: RecordLayout
