@@ -6,7 +6,8 @@ active segment; the index; what the next commit must fsync or delete) and the ap
 the store's knobs (``READ_*``, ``WRITE_RING``, ``REWRITE_IN_PLACE``, the compaction bounds), read here at every
 call and passed to the units, so a benchmark script or a test may set them on this module. It re-exports the
 names callers import from here (the errors, :class:`DenseIndex`, :class:`RunIndex`, the record copies,
-:func:`executor`, :func:`fsync_path`, :func:`link_or_copy`). Does not own: the row table it serves (:mod:`kvstore_lazy.store.tier`).
+:func:`executor`, :func:`fsync_path`, :func:`link_or_copy`). Does not own: the row table it serves
+(:mod:`kvstore_lazy.store.tier`).
 
 Layout of a store directory::
 
