@@ -168,25 +168,29 @@ class LiveBits:
         return out
 
     def _apply(self, locs: np.ndarray, on: bool) -> None:
-        locs = np.asarray(locs, np.uint32)
+        """Set (``on``) or clear the bits of ``locs`` (unique): the masks of a byte or'ed together first (sorted,
+        ``reduceat``), then one fancy-indexed update a segment touched."""
+        locs = np.sort(np.asarray(locs, np.uint32))
         slots = (locs >> np.uint32(self.shift)).astype(np.int64)
         offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
-        order = np.argsort(slots, kind="stable")
-        slots, offsets = slots[order], offsets[order]
-        cuts = np.flatnonzero(np.diff(slots)) + 1
-        for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(slots)]])):
-            slot, part = int(slots[lo]), offsets[lo:hi]
+        key = slots * self.width + (offsets >> 3)
+        starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+        masks = np.bitwise_or.reduceat(np.left_shift(np.uint8(1), (offsets & 7).astype(np.uint8)), starts)
+        key = key[starts]
+        slots, byte = key // self.width, key % self.width
+        cuts = np.flatnonzero(slots[1:] != slots[:-1]) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slots)]):
+            slot, at, mask = int(slots[lo]), byte[lo:hi], masks[lo:hi]
             mine = self.bits[slot]
-            top = int(part.max()) // 8 + 1
-            if on and top > len(mine):
-                size = min(self.width, max(top, 2 * len(mine), 16))
-                mine = self.bits[slot] = np.concatenate([mine, np.zeros(size - len(mine), np.uint8)])
-            byte, bit = part >> 3, np.left_shift(np.uint8(1), (part & 7).astype(np.uint8))
             if on:
-                np.bitwise_or.at(mine, byte, bit)
+                top = int(at[-1]) + 1
+                if top > len(mine):
+                    size = min(self.width, max(top, 2 * len(mine), 16))
+                    mine = self.bits[slot] = np.concatenate([mine, np.zeros(size - len(mine), np.uint8)])
+                mine[at] |= mask
             else:
-                inside = byte < len(mine)
-                np.bitwise_and.at(mine, byte[inside], ~bit[inside])
+                inside = at < len(mine)
+                mine[at[inside]] &= ~mask[inside]
 
     def set(self, locs: np.ndarray) -> None:
         if len(locs):
