@@ -250,8 +250,9 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self.store)
 
+    @_fatal
     def contains(self, row_ids) -> np.ndarray:
-        return self.store.contains(row_ids)
+        return self.store.contains(row_ids)     # (an index read: a damaged run stops the server)
 
     # -- moving rows
 
@@ -485,6 +486,12 @@ class DiskTier:
                 gone += self.store.delete(rows["row_ids"][mask])
         self.counters["expired_disk"] += gone
         return gone
+
+    @_fatal
+    def commit(self, into=None) -> None:
+        """The store's commit (:meth:`SegmentStore.commit`: with ``into``, a snapshot's copy, its files hard-linked);
+        it writes the index's memtable as a run, so a full disk here stops the server (DiskTierFailure) too."""
+        self.store.commit(into)
 
     @_fatal
     def compact(self) -> int:

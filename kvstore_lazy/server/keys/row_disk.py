@@ -104,7 +104,7 @@ class RowKeyDisk(RowKeyFields):
         new.counters = old.counters
         old.store.close()
         shutil.rmtree(path)
-        new.store.commit()
+        new.commit()
         new.store.close()
         new.path.rename(path)
         self.disk = DiskTier.open(path, self._table, verify=False, compact_ratio=old.store.compact_ratio,

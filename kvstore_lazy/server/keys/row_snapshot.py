@@ -26,13 +26,14 @@ class RowKeySnapshots(RowKeyCatchUp):
 
     def snapshot(self, stream: bool = False) -> dict:
         """The key's state for a server snapshot: the rows in memory (sorted), and with a disk tier its store
-        (``"disk"``: checkpoint commits it into the snapshot, hard-linking its segments: no row is read). With
+        (``"disk"``: its DiskTier, which checkpoint commits into the snapshot, hard-linking its segments and index
+        runs: no row is read; a full disk there stops the server as anywhere in the tier). With
         `stream` the rows' arrays are ``store.rows.Pieces``, gathered chunk by chunk as the snapshot file is written
         (never a copy of the table; write them before the table changes), else copies."""
         rows = self._table.export_pieces() if stream else self._table.export()
         out = self._snapshot(rows, None if self.policy is None else self.policy.pending_rows())
         if self.disk is not None:
-            out["disk"] = self.disk.store
+            out["disk"] = self.disk
         return out
 
     def all_rows(self) -> dict:
@@ -78,7 +79,7 @@ class RowKeySnapshots(RowKeyCatchUp):
         pending = None if self.policy is None else self.policy.pending_rows(changes=True)
         out = dict(self._snapshot(self._table.changes(pieces=stream), pending), mode="delta")
         if self.disk is not None:    # rows demoted since are tombstones of the memory part and rows of the store
-            out["disk"] = self.disk.store
+            out["disk"] = self.disk
         return out
 
     def snapshot_written(self) -> None:
