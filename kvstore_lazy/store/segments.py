@@ -285,11 +285,11 @@ class SegmentStore:
         return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
     def items(self, chunk: int = 1 << 16):
-        """``(ids, payloads)`` of every row, ascending by id, ``chunk`` rows at a time (reads only those)."""
-        ids = self.row_ids()
-        for lo in range(0, len(ids), chunk):
-            part = ids[lo:lo + chunk]
-            yield part, self.get(part)
+        """``(ids, payloads)`` of every row, ascending by id, at most ``chunk`` rows at a time, as the index lists
+        them (its ``items()``: no lookup, no listing of every id at once). Don't change the store while iterating
+        (collect the changes, make them after)."""
+        for ids, locs in self._index.items(chunk):
+            yield ids, self._read(ids, locs)["payload"]
 
     def compact(self, ratio: float | None = None) -> int:
         """Rewrite the live records of sealed segments whose garbage share passes ``ratio`` (default the store's),

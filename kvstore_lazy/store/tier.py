@@ -479,11 +479,12 @@ class DiskTier:
     @_fatal
     def expire(self, dead) -> int:
         """Remove the rows on disk for which ``dead(columns)`` (a dict of column arrays of a chunk) is true."""
-        gone = 0
-        for rows in self.chunks():          # (each chunk's ids are read before any of them is deleted)
+        dead_ids = []
+        for rows in self.chunks():          # (the store is not changed while its index is walked)
             mask = dead(rows["columns"])
             if mask.any():
-                gone += self.store.delete(rows["row_ids"][mask])
+                dead_ids.append(rows["row_ids"][mask])
+        gone = self.store.delete(np.concatenate(dead_ids)) if dead_ids else 0
         self.counters["expired_disk"] += gone
         return gone
 
