@@ -120,6 +120,7 @@ class SegmentStore:
         # the index: dense over rows, else a RunIndex made below (a new store) or by load_index (an open)
         self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else DenseIndex(0, 0)
         self._bits: LiveBits | None = None          # the live bits: made once the RunIndex has runs (_ensure_bits)
+        self._last_locs = np.zeros(0, np.uint32)    # the locations of the records get_records gave last
         self._names: dict[int, str] = {}                    # segment slot -> file name
         self._fill: dict[int, int] = {}                     # segment slot -> records written
         self._live = np.zeros(0, np.int64)                  # segment slot -> live records
@@ -250,7 +251,15 @@ class SegmentStore:
         locs = self._index.lookup(ids)
         if (locs == EMPTY).any():
             raise KeyError(f"{int((locs == EMPTY).sum())} of {len(ids)} rows are not in the store {self.path}")
-        return self._read_ordered(ids, locs)
+        order, records = self._read_ordered(ids, locs)
+        self._last_locs = locs[order]
+        return order, records
+
+    def read_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`get_records` with the records' locations: ``(order, records, locs)``, ``locs[j]`` where
+        ``records[j]`` is (for :meth:`delete` later without a lookup, while the store has not moved it)."""
+        order, records = self.get_records(row_ids)
+        return order, records, self._last_locs
 
     def rewrite(self, records: np.ndarray) -> int:
         """Write back records of rows stored here (``records``: whole records, e.g. from :meth:`get_records`, their
@@ -264,9 +273,14 @@ class SegmentStore:
             return 0
         return disk_rewrite.rewrite(self, records, REWRITE_IN_PLACE, WRITE_RING and uring())
 
-    def delete(self, row_ids) -> int:
-        """Drop the present ``row_ids`` (unique) from the index; returns how many there were."""
+    def delete(self, row_ids, locs: np.ndarray | None = None) -> int:
+        """Drop the present ``row_ids`` (unique) from the index; returns how many there were. ``locs``: their
+        locations where the caller knows them (rows it read: :meth:`read_records`; all present), no lookup."""
         ids = as_row_ids(row_ids)
+        if locs is not None:
+            if len(ids):
+                self._drop(ids, np.asarray(locs, np.uint32))
+            return len(ids)
         locs = self._index.lookup(ids)
         present = locs != EMPTY
         if present.any():

@@ -137,18 +137,20 @@ class RecordCache:
     """Whole records of rows on disk that a request read in place (no room under the budget, or not admitted),
     kept for the next touch of the same rows (the push after a pull) so they are not read again: valid for one
     version of the store; a change that only drops or rewrites known rows (:meth:`forget`) keeps the others.
-    At most ``limit`` records (past it, it starts over). Parts as they were added, never copied as a whole."""
+    At most ``limit`` records (past it, it starts over). Parts as they were added, never copied as a whole. With
+    each record its location, so a promotion from here drops the row from the disk index without looking it up."""
 
     def __init__(self, limit: int, dtype: np.dtype) -> None:
         self.limit, self.dtype = limit, dtype
         self.version: int | None = None
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (ids ascending, records, alive)
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (ids ascending, records,
+        #                                                                               alive, locations)
         self.size = 0
 
     def clear(self) -> None:
         self.version, self.parts, self.size = None, [], 0
 
-    def add(self, version: int, ids: np.ndarray, records: np.ndarray) -> None:
+    def add(self, version: int, ids: np.ndarray, records: np.ndarray, locs: np.ndarray) -> None:
         if self.version != version:
             self.clear()
         if self.size + len(ids) > self.limit:
@@ -157,36 +159,38 @@ class RecordCache:
         if not len(ids):
             return
         order = np.argsort(ids, kind="stable")
-        self.parts.append((ids[order], pick(records, order), np.ones(len(ids), bool)))
+        self.parts.append((ids[order], pick(records, order), np.ones(len(ids), bool), locs[order]))
         self.size += len(ids)
         self.version = version
 
-    def find(self, version: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A mask of the ``ids`` whose records are kept (for this version of the store), and those records in
-        the order of ``ids``."""
+    def find(self, version: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A mask of the ``ids`` whose records are kept (for this version of the store), those records in the
+        order of ``ids``, and their locations."""
         hit = np.zeros(len(ids), bool)
         if self.version != version or not self.parts:
             self.clear()
-            return hit, np.zeros(0, self.dtype)
+            return hit, np.zeros(0, self.dtype), np.zeros(0, np.uint32)
         found = []
-        for kept, records, alive in self.parts:
+        for kept, records, alive, locs in self.parts:
             where = np.minimum(np.searchsorted(kept, ids), len(kept) - 1)
             new = (kept[where] == ids) & alive[where] & ~hit
             if new.any():
-                found.append((np.flatnonzero(new), records, where[new]))
+                found.append((np.flatnonzero(new), records, where[new], locs))
                 hit |= new
         out = np.empty(int(hit.sum()), self.dtype)
+        out_locs = np.empty(len(out), np.uint32)
         rank = np.cumsum(hit) - 1
-        for at, records, where in found:
+        for at, records, where, locs in found:
             put_at(out, rank[at], pick(records, where))
-        return hit, out
+            out_locs[rank[at]] = locs[where]
+        return hit, out, out_locs
 
     def forget(self, before: int, after: int, gone: np.ndarray) -> None:
         """The store went from version ``before`` to ``after`` changing only the rows ``gone``: the others stay."""
         if self.version != before:
             self.clear()
             return
-        for kept, _, alive in self.parts:
+        for kept, _, alive, _ in self.parts:
             where = np.minimum(np.searchsorted(kept, gone), len(kept) - 1)
             alive[where[kept[where] == gone]] = False
         self.version = after
@@ -337,7 +341,7 @@ class DiskTier:
                 self.count(int(len(ids) - absent.sum()), 0)
             return 0, none, None
         version = self.store.version
-        cached, cached_records = self._cache.find(version, cold)     # read in place since the store last changed
+        cached, cached_records, cached_locs = self._cache.find(version, cold)   # read in place since it changed
         take = self.store.begin_take(cold[~cached])                  # one index probe; the read under way
         # where in cold each record's row is: cached_records[j] of cold[at_cached[j]], the stored ones at at_stored
         at_cached, at_stored = np.flatnonzero(cached), np.flatnonzero(~cached)[take.present]
@@ -360,6 +364,7 @@ class DiskTier:
         rest = none
         if not (in_c.all() and in_r.all()):
             rest = join([pick(cached_records, ~in_c), pick(records, ~in_r)])
+            rest_locs = np.concatenate([cached_locs[~in_c], take.locs()[~in_r]])
         if slot_of is None:         # (admission: the rows admitted are known now)
             come[at_cached[in_c]] = True
             come[at_read[in_r]] = True
@@ -375,11 +380,11 @@ class DiskTier:
             del fields
             table.mark_changed(slot_of[come])
             if in_c.any():
-                self.store.delete(cold[at_cached[in_c]])
+                self.store.delete(cold[at_cached[in_c]], cached_locs[in_c])     # (their locations known)
             self._cache.forget(version, self.store.version, moved)
             self.counters["promoted"] += len(moved)
         if keep and len(rest):
-            self._cache.add(self.store.version, rest["id"], rest)
+            self._cache.add(self.store.version, rest["id"], rest, rest_locs)
         return len(moved), rest, slot_of
 
     @staticmethod
@@ -406,8 +411,8 @@ class DiskTier:
         them: RecordCache): a promotion of the same rows (the push after a pull that found no room) takes them from
         there instead of reading them again."""
         ids = as_row_ids(row_ids)
-        order, records = self.store.get_records(ids)
-        self._cache.add(self.store.version, ids[order], records)
+        order, records, locs = self.store.read_records(ids)
+        self._cache.add(self.store.version, ids[order], records, locs)
         out = np.empty(len(records), self.store.record_dtype)
         put_at(out, order, records)
         return self._unpack(ids, out["payload"])
@@ -427,7 +432,7 @@ class DiskTier:
         ids = as_row_ids(row_ids)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields[field][1]
-        cached, cached_records = self._cache.find(self.store.version, ids)
+        cached, cached_records, _ = self._cache.find(self.store.version, ids)
         if cached.any():               # kept by a promotion that did not admit them, or an earlier read
             kernels.scatter_fields(cached_records, at[cached], [(out, w)])
             ids, at = ids[~cached], at[~cached]
@@ -442,8 +447,8 @@ class DiskTier:
                 kernels.scatter_fields(records, at[lo:lo + step][order], [(out, w)])
                 del records
             return
-        order, records = self.store.get_records(ids)
-        self._cache.add(self.store.version, ids[order], records)
+        order, records, locs = self.store.read_records(ids)
+        self._cache.add(self.store.version, ids[order], records, locs)
         kernels.scatter_fields(records, at[order], [(out, w)])
 
     @_fatal

@@ -203,6 +203,11 @@ class Take:
         self._finish = None
         return self._order, records
 
+    def locs(self) -> np.ndarray:
+        """The locations of the records :meth:`records` gave, in their order (after it)."""
+        assert self._order is not None
+        return self._locs[self._order]
+
     def drop(self, which: np.ndarray | None = None) -> None:
         """Delete the rows read (with ``which``, a mask over the records, after :meth:`records`: those only)."""
         if which is None:
