@@ -256,10 +256,8 @@ class SegmentStore:
         return order, records
 
     def read_records(self, row_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`get_records` with the records' locations: ``(order, records, locs)``, ``locs[j]`` where
-        ``records[j]`` is (for :meth:`delete` later without a lookup, while the store has not moved it)."""
-        order, records = self.get_records(row_ids)
-        return order, records, self._last_locs
+        """:meth:`get_records` and the records' locations (for :meth:`delete` later without a lookup)."""
+        return *self.get_records(row_ids), self._last_locs
 
     def rewrite(self, records: np.ndarray) -> int:
         """Write back records of rows stored here (``records``: whole records, e.g. from :meth:`get_records`, their
@@ -361,8 +359,7 @@ class SegmentStore:
         return len(self._names) * self.segment_rows * self.record_bytes
 
     def stats(self) -> dict:
-        """Sizes and counters; ``index_bytes`` the index's RAM, ``index_disk_bytes`` its runs' files, and for a
-        RunIndex ``index_reads_per_lookup``: index blocks read per id looked up (a cold row's index reads)."""
+        """Sizes, counters; ``index_bytes`` (RAM), ``index_disk_bytes`` (runs), ``index_reads_per_lookup``."""
         out = {"rows": len(self), "segments": len(self._names), "disk_bytes": self.disk_bytes(),
                "index_bytes": self.index_nbytes(), "index_disk_bytes": self._index.disk_bytes(),
                "garbage_records": int(sum(self._fill.values()) - len(self)), **self.counters}
@@ -440,14 +437,9 @@ class SegmentStore:
         self.version += 1
 
     def _ensure_bits(self) -> None:
-        """Make the live bits once the RunIndex has written its first run (while every entry is in its memtable,
-        in RAM, compaction looks records up as with a dense index): from its entries, at most a memtable's."""
+        """Make the live bits once the RunIndex has written its first run (:func:`~.disk.index.live_bits`)."""
         if self._bits is None and isinstance(self._index, RunIndex) and self._index._runs:
-            bits = LiveBits(self.segment_rows, self._shift)
-            bits.grow(len(self._live))
-            for _, locs in self._index.items():
-                bits.set(locs)
-            self._bits = bits
+            self._bits = disk_index.live_bits(self._index, self.layout, len(self._live))
 
     def _unlive(self, locs: np.ndarray) -> None:
         """The records at ``locs`` are garbage from now on (the live counts and bits)."""

@@ -109,10 +109,7 @@ def _load_ids(store: StoreState, ids: np.ndarray, locs: np.ndarray, listed: list
             store._index.set(part, locs[lo:lo + CONVERT_CHUNK], old=empty[:len(part)])
     except ValueError as exc:
         raise SegmentError(f"{where}: {exc}") from None
-    if isinstance(store._index, RunIndex) and store._index._runs:
-        store._bits = LiveBits(store.segment_rows, store._shift)
-        store._bits.grow(len(store._live))
-        store._bits.set(locs)
+    store._ensure_bits()
 
 
 def _load_runs(store: StoreState, info: dict, bits: np.ndarray, listed: list[int]) -> None:

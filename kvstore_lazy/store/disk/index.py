@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from kvstore_lazy.store.disk.layout import RecordLayout
 from kvstore_lazy.store.disk.runs import EMPTY, RunIndex
 
 __all__ = ["DenseIndex", "RunIndex", "LiveBits", "EMPTY", "new_index", "run_ram_bytes"]
@@ -135,6 +136,17 @@ def run_ram_bytes(index: RunIndex) -> int:
     n, buckets = len(mem), mem.buckets
     extra = buckets * mem._index._table.itemsize if n >= INDEX_RESERVE * MEMTABLE_LOAD * buckets else 0
     return index.ram_bytes() + extra
+
+
+def live_bits(index: RunIndex, layout: RecordLayout, slots: int) -> LiveBits:
+    """The live bits of the entries of ``index`` (a store's ``layout``: records a segment, shift; ``slots`` segment
+    slots): made when the index writes its first run (before it, every entry is in the memtable, in RAM, and
+    compaction looks records up as with a dense index), from its entries then: at most a memtable's."""
+    bits = LiveBits(layout.segment_rows, layout.shift)
+    bits.grow(slots)
+    for _, locs in index.items():
+        bits.set(locs)
+    return bits
 
 
 class LiveBits:
