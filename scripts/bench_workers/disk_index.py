@@ -1,10 +1,10 @@
-"""The disk index out of RAM against today's hash index: ``python scripts/bench_workers/disk_index.py``.
+"""The disk index out of RAM against the hash index it replaced: ``python scripts/bench_workers/disk_index.py``.
 
 Builds an index of ``--rows`` rows (hashed 64-bit ids, in random order) through the API in batches of ``--batch``
 (8192) as the disk tier's demotions would (each id given a record location; a demotion's rows are not on disk, so
 ``set`` is told so and looks nothing up, unless ``--set-looks-up``), once as a
 :class:`~kvstore_lazy.store.disk.runs.RunIndex` (memtable ``--memtable`` entries, ``--bloom-bits`` bits an entry)
-and once as today's hash index (``store.disk.index.new_index(None)``: a RowTable of one uint32 column), then looks
+and once as the hash index the disk tier used before it (a RowTable of one uint32 column at a load of 0.8), then looks
 up batches of ``--batch`` ids: present ids uniform and Zipf(1.2) over the rows, and absent ids. Prints RAM and disk
 bytes per entry (RAM: the index's own count, the process's RSS growth over the build once glibc gave its free heap
 back, and its peak during the build), the build rate, and per lookup kind the ids/s and the block reads per id (the
@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 
-from kvstore_lazy.store.disk import index as disk_index  # noqa: E402
 from kvstore_lazy.store.disk.runs import EMPTY, RunIndex  # noqa: E402
+from kvstore_lazy.store.rows import RowTable  # noqa: E402
 
 
 def hashed(x: np.ndarray) -> np.ndarray:
@@ -134,15 +134,15 @@ def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict
 def hash_index(args, loads: dict[str, list[np.ndarray]]) -> dict:
     before = rss()
     reset_peak()
-    index = disk_index.new_index(None)
+    index = RowTable(1, np.uint32, max_load=0.8, lean_rehash=True)
     start = time.perf_counter()
     for lo in range(0, args.rows, args.batch):
         n = min(args.batch, args.rows - lo)
-        slots, _ = disk_index.place(index, hashed(np.arange(lo, lo + n)))
+        slots = index.ensure(hashed(np.arange(lo, lo + n)), lambda new: np.zeros((len(new), 1), np.uint32))
         index.arrays()[0][slots, 0] = np.arange(lo, lo + n, dtype=np.uint64) & np.uint64(0x7FFFFFFF)
     build = time.perf_counter() - start
     now, peak = grown(before)
-    out = {"ram": disk_index.index_nbytes(index) / len(index), "rss": now / len(index), "peak": peak / len(index),
+    out = {"ram": index.nbytes() / len(index), "rss": now / len(index), "peak": peak / len(index),
            "disk": 0.0, "build": args.rows / build}
     locs = index.arrays()[0]
     for kind, batches in loads.items():
