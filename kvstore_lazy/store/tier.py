@@ -35,7 +35,9 @@ DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion
                                 # chunks are all packed before the table lets its rows go, so its records (2% of
                                 # the budget with a disk tier) are held at once until written
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
-MEMTABLE_SHARE = 64              # a key's disk index memtable takes at most 1/64 of the budget (memtable_entries) ...
+MEMTABLE_SHARE = DENSE_SHARE    # a key's disk index memtable takes at most a quarter of the budget, as the hash
+                                # index it replaces could without a cost: until then no cold row reads an index
+                                # block (memtable_entries) ...
 MEMTABLE_MIN = 1 << 10          # ... but at least this many entries ...
 MEMTABLE_MAX = 1 << 20          # ... and at most this many
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
