@@ -463,7 +463,8 @@ class Lifecycle:
         total = self.accounted(keys)
         remedy = {
             "index": "the disk tier's index of its rows on disk, %%d bytes (%d rows: %.1f bytes a row now, %.0f "
-                     "bytes an entry plus the buckets for each further row; it stays in memory: raise "
+                     "bytes an entry plus the buckets for each further row; about 1.4 once written to disk as a run, "
+                     "its filters, fences and newest entries staying in memory: raise "
                      "KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk, to more than %d bytes now)"
                      % (on_disk, parts["index"] / max(on_disk, 1), per_row, total),
             "plain": "rows of row_sparse keys not declared lazy, %d bytes (the budget evicts only lazy keys' rows: "
