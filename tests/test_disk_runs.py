@@ -347,10 +347,9 @@ def test_ram_per_entry_is_below_two_bytes_at_a_million(tmp_path):
     assert index._mem.nbytes() < 30 * (1 << 16)
 
 
-def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "CHUNK", 400)
-    index, _ = build(tmp_path, 20_000, memtable=2000)
-    largest = []
+def blocks_per_read(monkeypatch) -> list[int]:
+    """The number of blocks of each Run.read_blocks call from now on (appended as they happen)."""
+    largest: list[int] = []
     read = runfile.Run.read_blocks
 
     def spy(self, blocks):
@@ -358,6 +357,13 @@ def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
         return read(self, blocks)
 
     monkeypatch.setattr(runfile.Run, "read_blocks", spy)
+    return largest
+
+
+def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "CHUNK", 400)
+    index, _ = build(tmp_path, 20_000, memtable=2000)
+    largest = blocks_per_read(monkeypatch)
     index.remove(np.zeros(0, np.uint64))
     index.set(np.arange(1, 2001, dtype=np.uint64), np.zeros(2000, np.uint32))
     index.set(np.arange(2001, 4001, dtype=np.uint64), np.zeros(2000, np.uint32))   # a flush and a merge
@@ -372,14 +378,7 @@ def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
 def test_a_lookup_reads_its_blocks_in_bounded_pieces(tmp_path, monkeypatch):
     index, ids = build(tmp_path, 5000)
     monkeypatch.setattr(runfile, "READ_BLOCKS", 3)
-    largest = []
-    read = runfile.Run.read_blocks
-
-    def spy(self, blocks):
-        largest.append(len(blocks))
-        return read(self, blocks)
-
-    monkeypatch.setattr(runfile.Run, "read_blocks", spy)
+    largest = blocks_per_read(monkeypatch)
     universe = np.concatenate([ids, hashed_ids(np.random.default_rng(9), 500, "2^64")])
     got = index.lookup(universe)
     np.testing.assert_array_equal(got[:5000], np.arange(5000, dtype=np.uint32))
