@@ -27,18 +27,13 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 from kvstore_lazy.store.disk.runs import EMPTY, RunIndex  # noqa: E402
+from kvstore_lazy.store.disk.runfile import mix64  # noqa: E402
 from kvstore_lazy.store.rows import RowTable  # noqa: E402
 
 
 def hashed(x: np.ndarray) -> np.ndarray:
     """splitmix64 of ``x``: a bijection of uint64, so distinct ids from distinct counters (hashed ids)."""
-    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
+    return mix64(x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15), 0)   # (the bloom filter's finalizer)
 
 
 def workloads(rows: int, batch: int, batches: int, seed: int) -> dict[str, list[np.ndarray]]:

@@ -59,7 +59,7 @@ def run_name(number: int) -> str:
     return paths.index_run(".", number).name
 
 
-def _mix(ids: np.ndarray, seed: int) -> np.ndarray:
+def mix64(ids: np.ndarray, seed: int) -> np.ndarray:
     """splitmix64's finalizer of ``ids ^ seed``: the bloom filter's hash (uint64 wrap-around is the point)."""
     x = ids ^ np.uint64(seed)
     x ^= x >> np.uint64(30)
@@ -72,7 +72,7 @@ def _mix(ids: np.ndarray, seed: int) -> np.ndarray:
 
 def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(block of each id, its (n, 8) uint32 bit masks: one bit in each word of the block)."""
-    h = _mix(ids, seed)
+    h = mix64(ids, seed)
     block = ((h >> np.uint64(32)) * np.uint64(nblocks)) >> np.uint64(32)       # fast range: high bits
     bits = (h.astype(np.uint32)[:, None] * _BLOOM_SALT[None, :]) >> np.uint32(27)    # low bits: 5 a word
     return block.astype(np.int64), np.left_shift(np.uint32(1), bits)
