@@ -12,7 +12,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 LINT_STAMP := $(VENV)/.lint-installed
 
 .PHONY: venv system-deps k8s-deps test-cluster test-docker test test-unit test-integration test-server-python demo \
-        bench bench-quick patch unpatch clean lint
+        bench bench-quick bench-scale patch unpatch clean lint
 
 venv: $(STAMP) $(KERNELS)
 
@@ -160,6 +160,12 @@ clean:
 
 bench-quick: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --quick
+
+# Opt-in, not part of `make bench`: issue 29's scale run (scripts/bench.py, scenario disk-scale): 300M rows of a
+# (2^40, 8) key under a 1 GiB budget by default, hours and ~25 GB of disk under bench-results/ (deleted after).
+# Smaller: make bench-scale ROWS=20000000 BUDGET=1GiB
+bench-scale: venv $(BENCH_STAMP)
+	$(PY) scripts/bench.py --scenarios disk-scale $(if $(ROWS),--rows $(ROWS)) $(if $(BUDGET),--budget $(BUDGET))
 
 # Opt-in, not part of `make test`: a real Prometheus (Debian's package, installed if missing) scrapes a small real
 # job on 127.0.0.1 and every query of docker/grafana/kvstore-lazy.json must return data (scripts/prometheus_check.py).

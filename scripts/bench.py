@@ -39,14 +39,24 @@ Scenarios (--scenarios, default all):
               default) and lazy_update=False (the dense semantics) on both servers, and the per-row step counter
               (KVSTORE_LAZY_ADAM_ROW_STEPS=on) on ours: held-out log loss and AUC against the floor, server CPU
               and wall time per step, and whether ours predicts exactly what stock does.
+  disk-scale  issue 29, opt-in (run only when named): one server with KVSTORE_LAZY_MEMORY_BUDGET (--budget) and a
+              disk tier, a (2^40, 8) SGD-momentum key with hashed ids, 2 simulated workers
+              (scripts/bench_workers/scale_job.py: stock workers' bytes) fill --rows fresh rows, then a full
+              snapshot (LAZY_SNAPSHOT: tagged + the chain's base), Zipf steps, a delta (tagged + the chain's
+              delta), fetch_rows' requests over the whole key; a second job restarts the server on that chain
+              (KVSTORE_LAZY_RESUME=latest) and stops it (shutdown snapshot). Per phase: the server's peak RSS
+              (VmHWM reset per phase, VmRSS sampled every 0.1 s) against the budget, rows in memory / on disk, the
+              disk index's RAM per disk row, disk bytes per row against raw, the fill's rows/s; and whether every
+              row was kept, fetched and restored with its trained value.
 
 Writes <out>/results.json, <out>/tables.txt, <out>/memory_vs_rows.png, <out>/lifecycle_rss.png,
 <out>/saturation_latency_B<B>.png, and every job's log under <out>/runs/.
 Exit status 0 unless one of our jobs failed (stock failures where stock cannot do something are expected).
 
     python scripts/bench.py [--quick] [--scenarios init,memory,throughput,scale,step,lifecycle,tiered,saturation,
-                                                   learning]
+                                                   learning,disk-scale]
                             [--out bench-results] [--profile] [--no-stock] [--verbose] [--report-only]
+                            [--rows N] [--budget SIZE]      (disk-scale only)
 
 --quick takes ~3 minutes (18 jobs: 10, plus the step scenario's 8 in 30 s on 2026-12-01), plus the lifecycle
 scenario's 5 (~40 s on 2026-12-01); the default (full) preset ~6 minutes on the 2-core dev VM (17 jobs in 335 s on
@@ -58,6 +68,9 @@ Zipf pairs), and writes ~14 GB of segments under --out in its full scale run (ch
 deleted after). The saturation scenario takes under 2 minutes with --quick (N = 1 and 8: 8 jobs) and ~10 minutes
 full (20 jobs). The learning scenario: 5 jobs, ~100 s with --quick and ~7 minutes full on 2026-12-03, most of
 both in our dense-Adam job (a row read is caught up over every step it missed).
+The disk-scale scenario (`make bench-scale`, or --scenarios disk-scale) is not in the default list: its full preset
+(300M rows under 1 GiB, ~25 GB of segments under --out, checked against the free space first and deleted after)
+takes hours; --quick (5M rows under 64 MiB) under a minute; --rows and --budget set its size.
 scripts/bench_workers/replay.py measures the server's CPU per step in-process (no
 sockets), steady enough for an optimisation's before/after.
 """
@@ -95,10 +108,13 @@ from kvstore_lazy.node.procstats import RssSampler  # noqa: E402
 from kvstore_lazy.server.lifecycle import parse_bytes  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
+KEY_ROWS_2_40 = 2**40
 BUDGET = 8 * GiB
 ROW_KEY = 3                     # the row_sparse key of rows.py
 NUM_WORKERS = 2
-SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered", "saturation", "learning")
+SCENARIOS = ("init", "memory", "throughput", "scale", "step", "lifecycle", "tiered", "saturation", "learning",
+             "disk-scale")
+OPT_IN = ("disk-scale",)        # run only when named in --scenarios (the full preset takes hours)
 STATES = {"sgd": 1, "adam": 2}  # optimizer state slots per row (SGD with momentum: 1)
 IMPLS = ("lazy", "stock")
 
@@ -123,6 +139,8 @@ PRESETS = {
                        "levels": [0.1, 0.8, 1.0], "min_steps": 20, "dense_seconds": 0.5, "timeout": 120},
         "learning": {"dims": [100_000, 30_000, 10_000], "zipf": 1.2, "emb_dim": 8, "batch": 1024, "steps": 200,
                      "held_out": 20_000, "evals": 2, "lr": [0.01], "wd": 1e-4, "servers": 2, "timeout": 300},
+        "disk_scale": {"rows": 5_000_000, "budget": "64MiB", "dim": 8, "batch": 16384, "workers": 2,
+                       "zipf_steps": 10, "sample": 4096, "timeout": 900},
         "timeout": 240,
     },
     "full": {
@@ -153,6 +171,9 @@ PRESETS = {
         "learning": {"dims": [500_000, 200_000, 100_000, 50_000], "zipf": 1.2, "emb_dim": 8, "batch": 2048,
                      "steps": 600, "held_out": 100_000, "evals": 3, "lr": [0.005, 0.02], "wd": 1e-4, "servers": 2,
                      "timeout": 900},
+        # issue 29: 300M rows of a (2^40, 8) key under 1 GiB (~25 GB of segments: checked against df first)
+        "disk_scale": {"rows": 300_000_000, "budget": "1GiB", "dim": 8, "batch": 16384, "workers": 2,
+                       "zipf_steps": 20, "sample": 4096, "timeout": 8 * 3600},
         "timeout": 1800,
     },
 }
@@ -306,7 +327,8 @@ class Bench:
 
     def job(self, name: str, server: str, command: list[str], num_workers: int = NUM_WORKERS,
             num_servers: int = 1, timeout: float | None = None, profile: bool = False,
-            env: dict | None = None, server_env: dict | None = None, sample_peaks: bool = False) -> Run:
+            env: dict | None = None, server_env: dict | None = None, sample_peaks: bool = False,
+            finish_grace: float = 30.0) -> Run:
         if self.args.report_only:
             return self.load(name, server, num_workers)
         run_dir = self.runs_dir / f"{name}-{server}"
@@ -323,7 +345,7 @@ class Bench:
             server_env["KVSTORE_LAZY_PROFILE"] = str(run_dir / "prof")
         sink = Sink(run_dir / "job.log", self.args.verbose)
         job = Job(command=command + ["--out", out], num_workers=num_workers, num_servers=num_servers,
-                       server=server, env=env, server_env=server_env, out=sink)
+                       server=server, env=env, server_env=server_env, out=sink, finish_grace=finish_grace)
         timeout = timeout or self.cfg["timeout"]
         label = "ours " if server == "lazy" else "stock"
         print(f"  [{label}] {name}: {num_workers} worker(s), {num_servers} server(s) ... ", end="", flush=True)
@@ -1588,6 +1610,142 @@ def scenario_learning(bench: Bench) -> tuple[str, dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# scenario 10: disk scale (issue 29): hashed ids over 2^40 rows, one server under a budget with a disk tier, every
+# phase of a job's life measured (scripts/bench_workers/scale_job.py)
+
+DISK_SCALE_HEADERS = ["job / phase", "seconds", "peak RSS", "peak - budget", "rows in memory / on disk",
+                      "RAM index B / disk row", "disk B / disk row (x raw)", "target"]
+SCALE_RECORD_EXTRA = 8 + 4 + 8     # a segment record besides weights and momentum: id, check, policy columns
+
+
+def disk_scale_argv(c: dict, role: str, dirs: list[Path], expect: Path | None = None) -> list[str]:
+    argv = worker("scale_job.py") + ["--role", role, "--rows", str(c["rows"]), "--dim", str(c["dim"]),
+                                     "--batch", str(c["batch"]), "--zipf-steps", str(c["zipf_steps"]),
+                                     "--sample", str(c["sample"]), "--dirs", ",".join(map(str, dirs)),
+                                     "--progress", str(max(1, c["rows"] // (c["workers"] * c["batch"]) // 10))]
+    return argv + (["--expect", str(expect)] if expect is not None else [])
+
+
+def scenario_disk_scale(bench: Bench) -> tuple[str, dict]:
+    c = bench.cfg["disk_scale"]
+    budget, dim = parse_bytes(c["budget"]), c["dim"]
+    raw = 8 + 2 * dim * 4                     # id, weights and momentum (float32)
+    root = bench.runs_dir / "disk-scale-data"
+    disk, snap = root / "disk", root / "snap"
+    if not bench.args.report_only:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        # segments (records of raw + 12 bytes, up to ~1.33x while garbage waits for compaction), index runs, and
+        # the segments the snapshots keep while the live store compacts: 2x the records with margin
+        need = c["rows"] * (raw + SCALE_RECORD_EXTRA) * 2
+        free = shutil.disk_usage(root).free
+        if need > free:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError(f"disk-scale with {c['rows']:,} rows needs ~{fmt_bytes(need)} free in {root}, "
+                               f"{fmt_bytes(free)} are (--out elsewhere, or fewer --rows)")
+    env = {"KVSTORE_LAZY_MEMORY_BUDGET": str(budget), "KVSTORE_LAZY_DISK_DIR": str(disk),
+           "KVSTORE_LAZY_SNAPSHOT_DIR": str(snap), "KVSTORE_LAZY_SNAPSHOT_INTERVAL": "0"}
+    workers_env = {"DMLC_NUM_WORKER": str(c["workers"])}
+    try:
+        # the train job leaves without kStopServer: the launcher stops its server after finish_grace, with no
+        # shutdown snapshot, so the restore below folds the chain's base and delta
+        train = bench.job("disk-scale-train", "lazy", disk_scale_argv(c, "train", [disk, snap]), num_workers=1,
+                          timeout=c["timeout"], env=workers_env, server_env=env, sample_peaks=True, finish_grace=2)
+        expect = Path(train.log).parent / "res.sample.npz"
+        restore = bench.job("disk-scale-restore", "lazy", disk_scale_argv(c, "restore", [disk, snap], expect),
+                            num_workers=1, timeout=c["timeout"], env=workers_env, sample_peaks=True,
+                            server_env=dict(env, KVSTORE_LAZY_RESUME="latest"))
+    finally:
+        if not bench.args.report_only:
+            shutil.rmtree(root, ignore_errors=True)
+    phases = [r for run in (train, restore) for r in run.of("phase")]
+    by_name = {r["phase"]: r for r in phases}
+    fill = by_name.get("fill", {})
+    rows, failed = [], []
+    for rec in phases:
+        st = rec.get("stats", {}).get("key", {})
+        on_disk = st.get("disk_rows")
+        over = rec["peak"] - budget
+        index_ram = st["disk_index_bytes"] / on_disk if on_disk else None
+        on_disk_bytes = st.get("disk_bytes", 0) + st.get("disk_index_disk_bytes", 0)
+        per_row = on_disk_bytes / on_disk if on_disk else None
+        extra = ""
+        if rec["phase"] == "fill":
+            extra = f"; {rec['rows_per_s']:,.0f} rows/s"
+        rows.append([f"{rec['role']}: {rec['phase']}", f"{rec['seconds']:,.1f}", mib(rec["peak"]),
+                     f"{over / MiB:+,.1f} MiB" + ("" if rec.get("hwm_reset", True) else " (since start)"),
+                     f"{num(st.get('rows'))} / {num(on_disk)}" if st else "-",
+                     f"{index_ram:.2f}" if index_ram is not None else "-",
+                     f"{per_row:.1f} ({per_row / raw:.2f}x)" if per_row else "-",
+                     verdict(over <= 100 * MiB, "<= budget + 100 MiB") + extra])
+    listing, fetched = by_name.get("fetch_rows: listing", {}), by_name.get("fetch_rows: rows", {})
+    restored = by_name.get("restored: count and sample", {})
+    trained_rows = fill.get("rows")
+    checks = [
+        ("rows kept: listed by fetch_rows = trained", listing.get("listed"), trained_rows,
+         listing.get("listed") == trained_rows and trained_rows is not None),
+        ("listed ids = trained ids (order-free hash of each set)", listing.get("listed"), trained_rows,
+         listing.get("listed_hash") == listing.get("trained_hash") and "listed_hash" in listing),
+        ("sample rows fetched = init - lr x grad (untouched by Zipf)", fetched.get("sample_untouched_equal_trained"),
+         fetched.get("sample_untouched"),
+         fetched.get("sample_untouched") and fetched.get("sample_untouched_equal_trained") ==
+         fetched.get("sample_untouched")),
+        ("restored rows = trained", restored.get("restored_rows"), trained_rows,
+         restored.get("restored_rows") == trained_rows and trained_rows is not None),
+        ("restored sample = fetched, bit for bit", restored.get("sample_equal_fetched"), restored.get("sample"),
+         restored.get("sample") and restored.get("sample_equal_fetched") == restored.get("sample")),
+    ]
+    idle = next((r.get("idle", {}).get("VmRSS") for r in train.of("setup")), None)
+    rows.insert(0, ["train: server before the key (idle)", "", mib(idle), "", "", "", "", ""])
+    for what, got, want, ok in checks:
+        rows.append([what, "", "", "", f"{num(got)} of {num(want)}", "", "", verdict(bool(ok), "equal")])
+    last = next((r for r in reversed(phases) if r.get("stats")), {})
+    st = last.get("stats", {}).get("key", {})
+    du = max((r.get("disk_usage", 0) for r in phases), default=0)
+    if trained_rows:
+        rows.append(["disk in use, disk tier + snapshots (each file once), largest", "", "", "",
+                     fmt_bytes(du), "", f"{du / trained_rows:.1f} ({du / trained_rows / raw:.2f}x)",
+                     verdict(du / trained_rows <= 1.5 * raw, f"<= 1.5 x raw ({raw} B)")])
+    stock = KEY_ROWS_2_40 * dim * 4 * 2      # weight and momentum, dense
+    rows.append([f"stock: the (2^40, {dim}) weight + momentum in RAM (computed)", "", f"{stock / 2**40:,.0f} TiB",
+                 f"{(stock - budget) / 2**40:+,.0f} TiB", f"{num(KEY_ROWS_2_40)} / 0", "", "",
+                 "a stock worker cannot create it"])
+    for name, run in (("train", train), ("restore", restore)):
+        if not run.ok:
+            failed.append(f"{name} job FAILED (status {run.status}): {run.log}; "
+                          f"{' | '.join(run.errors[-3:])[:400]}")
+    whole = max((p for run in (train, restore) for p in run.server_peaks if p), default=None)
+    notes = [f"one server, {c['workers']} simulated workers (scripts/bench_workers/scale_job.py: stock workers' "
+             f"bytes, one pyzmq process), dist_sync, SGD momentum 0.9, a (2^40, {dim}) float32 key declared lazy; "
+             f"ids: a bijection of [0, 2^40) of counters, B={c['batch']} fresh ids per worker per step; "
+             f"KVSTORE_LAZY_MEMORY_BUDGET={c['budget']}, KVSTORE_LAZY_DISK_DIR and KVSTORE_LAZY_SNAPSHOT_DIR on "
+             f"{bench.runs_dir} (deleted after)",
+             "phases: fill; LAZY_SNAPSHOT (kvstore_lazy.worker.snapshot: the tagged snapshot before its answer, then "
+             f"the chain's base); {c['zipf_steps']} Zipf(1.2) pull + push steps; LAZY_SNAPSHOT again (tagged, then "
+             "the chain's delta); fetch_rows' requests (listing, then rows in pieces of 262,144; checked and "
+             "dropped); the train job then ends without kStopServer (its server stopped by the launcher, no "
+             "shutdown snapshot); a new job's server restores base + delta (KVSTORE_LAZY_RESUME=latest), the "
+             "workers check it, kStopServer (the shutdown snapshot, full)",
+             "peak RSS: the server process's VmHWM, reset at each phase's start (/proc/<pid>/clear_refs), and its "
+             "VmRSS sampled every 0.1 s, the larger; the restore's counts from the process's start; rows, index and "
+             "disk bytes: the server's stats (LAZY_STATS) after the phase: disk_index_bytes (RAM) per disk row, "
+             "disk_bytes + disk_index_disk_bytes (segment files, index runs) per disk row",
+             f"raw bytes of a row: id + weights + momentum = 8 + {dim} x 4 x 2 = {raw} B; stock holds the dense "
+             f"weight and momentum of every possible row (2^40 x {dim} x 4 B x 2), and a stock worker cannot even make "
+             f"the key's NDArray (2^40 x {dim} elements >= 2^31)",
+             f"the whole run's peak of the server (the launcher's sampler, both jobs): {mib(whole)}"]
+    if fill:
+        notes.append(f"fill: {fill['rows']:,} rows in {fill['fill_seconds']:,.0f} s ({fill['rows_per_s']:,.0f} "
+                     f"rows/s, {fill['steps']:,} dist_sync steps); server CPU over the fill "
+                     f"{fill.get('server_cpu') or 0:,.0f} s")
+    data = {"config": c, "budget": budget, "raw_bytes_per_row": raw, "phases": phases, "checks": [
+        {"what": what, "got": got, "want": want, "ok": bool(ok)} for what, got, want, ok in checks],
+        "disk_usage_max": du, "stock_bytes": stock, "last_stats": st, "whole_run_peak": whole}
+    return table(f"Scenario 10: disk scale ({num(trained_rows)} rows of a (2^40, {dim}) key, one server, budget "
+                 f"{c['budget']})", DISK_SCALE_HEADERS, rows, notes + failed), data
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # profiles
 
 def profile_report(runs: list[Run], top: int = 14) -> str:
@@ -1616,13 +1774,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    parser.add_argument("--scenarios", default=",".join(s for s in SCENARIOS if s not in OPT_IN),
+                        help=f"comma list of {', '.join(SCENARIOS)} (default: all but {', '.join(OPT_IN)})")
     parser.add_argument("--out", default=str(ROOT / "bench-results"), help="output directory (default bench-results/)")
     parser.add_argument("--profile", action="store_true",
                         help="run our servers of the throughput, step and saturation jobs under cProfile (CPU time) "
                              "and print hot spots; their numbers then carry the profiler's overhead")
     parser.add_argument("--no-stock", action="store_true", help="only our server (no side by side)")
     parser.add_argument("--verbose", action="store_true", help="echo every job's output")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="disk-scale: rows to train (default: the preset's, 300M full, 5M with --quick)")
+    parser.add_argument("--budget", default=None,
+                        help="disk-scale: the server's memory budget (default: the preset's, 1GiB full, 64MiB quick)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the tables, JSON and plot from the job records an earlier run "
                              "with the same preset left in --out")
@@ -1633,6 +1796,14 @@ def main(argv=None) -> int:
         parser.error(f"unknown scenarios {sorted(unknown)}")
     preset = "quick" if args.quick else "full"
     cfg = json.loads(json.dumps(PRESETS[preset]))
+    if args.rows is not None:
+        cfg["disk_scale"]["rows"] = args.rows
+    if args.budget is not None:
+        try:
+            parse_bytes(args.budget)      # a bad size stops here, not after the other scenarios ran
+        except ValueError as exc:
+            parser.error(f"--budget: {exc}")
+        cfg["disk_scale"]["budget"] = args.budget
     bench = Bench(args, cfg)
     started = time.monotonic()
     info = machine()
@@ -1695,6 +1866,9 @@ def main(argv=None) -> int:
         if "learning" in scenarios:
             print("scenario 9: learning (Adam's row_sparse semantics)", flush=True)
             report("learning", lambda: scenario_learning(bench))
+        if "disk-scale" in scenarios:
+            print("scenario 10: disk-scale (hashed ids, a disk tier, every phase under the budget)", flush=True)
+            report("disk-scale", lambda: scenario_disk_scale(bench))
     except KeyboardInterrupt:
         print("\ninterrupted; every process of the running job was stopped", flush=True)
         return 130
