@@ -12,7 +12,7 @@ from kvstore_lazy.server.lifecycle import Settings
 from kvstore_lazy.server.modes import MATERIALIZE_ON_PUSH, MATERIALIZE_ON_TOUCH
 from kvstore_lazy.store import tier as tier_module
 from kvstore_lazy.store.segments import DenseIndex
-from test_lifecycle import KEY, ROWS, key_stats, server, streams, sync_round
+from test_lifecycle import DIM, KEY, ROWS, key_stats, server, streams, sync_round
 
 
 # both indexes' buckets (memory, disk) and 200 rows of 48 bytes (4 + 4 floats, 8 of columns, 8 of id)
@@ -441,3 +441,56 @@ def test_an_init_with_rows_under_a_budget_goes_in_chunks_within_it(tmp_path, mon
     if budget:
         assert len(entry.disk) > len(ids) // 2 and len(entry.disk) + len(entry._table) == len(ids)
         assert peer.server.lifecycle.accounted(peer.server.keys) <= budget
+
+
+def open_files_in(directory) -> int:
+    """Files this process has open in `directory` (an unnamed temporary file's link names it, "(deleted)")."""
+    import os
+    links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+             if os.path.exists(f"/proc/self/fd/{fd}")]
+    return sum(link.startswith(str(directory) + "/") for link in links)
+
+
+def test_a_checkpoint_listing_of_a_disk_tier_key_is_a_file_read_back_by_position(tmp_path):
+    """LAZY_ROWS of a key with a disk tier: the ids of that moment, both tiers, ascending, written to an unnamed
+    temporary file in the key's store directory (no id list in RAM, no name left in the directory), read back piece
+    by piece by the virtual pulls; rows made afterwards are not in it; the node's next LAZY_ROWS closes the file."""
+    import json
+    import os
+    from fakepeer import F32, F64, WORKER0, WORKER1, Requests
+    from kvstore_lazy.protocol import mxnet as proto
+    from kvstore_lazy.server import listing as listing_module
+    width = proto.ROWS_WIDTH
+    history = streams(rounds=30, span=20_000, batch=100)
+    tier, _ = run(history, Settings(memory_budget=BUDGET, disk_dir=str(tmp_path)))
+    entry, workers = tier.server.keys[KEY], [Requests(WORKER0), Requests(WORKER1)]
+    w = workers[0]
+    ids, rows = entry.row_ids(), entry.all_rows()
+    assert len(entry.disk) > 300 and len(entry._table) > 50
+    store_dir = tmp_path / "rank0" / f"key{KEY}"
+    names, files = sorted(os.listdir(store_dir)), open_files_in(store_dir)
+    tier.ok(w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))
+    listing = tier.server.transfer.listings[WORKER0]
+    assert not listing.in_memory and len(listing) == len(ids)
+    assert sorted(os.listdir(store_dir)) == names and open_files_in(store_dir) == files + 1
+    sync_round(tier, workers, [np.array([20_001])] * 2, 99)          # a row made after the listing
+    assert 20_001 in entry.row_ids() and 20_001 not in ids
+    # the header, then the ids 3 virtual rows a pull, read 100 at a time (pieces joined within a reply)
+    old_piece, listing_module.PIECE = listing_module.PIECE, 100
+    try:
+        header = tier.values(w.rsp_pull(proto.ROWS_HEADER_KEY, [0], F64), np.float64)
+        assert int(header[0]) == len(ids)
+        chunks = -(-len(ids) // width)
+        got = np.concatenate([tier.values(w.rsp_pull(proto.ROWS_HEADER_KEY, range(lo, min(lo + 3, chunks + 1)),
+                                                     F64), np.float64) for lo in range(1, chunks + 1, 3)])
+    finally:
+        listing_module.PIECE = old_piece
+    assert got[:len(ids)].astype(np.uint64).tolist() == ids.tolist() and (got[len(ids):] == -1).all()
+    # the momentum of the listed rows through the flat-state key, 5 virtual rows a pull
+    n = -(-len(ids) * DIM // width)
+    flat = np.concatenate([tier.values(w.rsp_pull(proto.flat_state_key(0), range(lo, min(lo + 5, n)), F32))
+                           for lo in range(0, n, 5)])
+    assert flat[:len(ids) * DIM].tobytes() == rows["states"][0].reshape(-1).tobytes()
+    tier.ok(w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))      # the next one: the old file is closed
+    assert len(tier.server.transfer.listings[WORKER0]) == len(ids) + 1
+    assert open_files_in(store_dir) == files + 1

@@ -11,8 +11,10 @@ where its part of the key starts, so it lists and takes them by local id and say
 Does not own: the keys' values (it goes through the key objects' methods only), the wire layout of replies
 (``protocol.kv``).
 
-Per requesting node it keeps one listing (the last LAZY_ROWS); at most :data:`MAX_LISTINGS` nodes at once, so a
-peer cannot make the server hold listings without bound.
+Per requesting node it keeps one listing (the last LAZY_ROWS: a :class:`~kvstore_lazy.server.listing.Listing`, in a
+temporary file for a key with a disk tier); at most :data:`MAX_LISTINGS` nodes at once, so a peer cannot make the
+server hold listings without bound. A pull's reply is built from the listing or the key a piece at a time, so its
+transient is the reply's bytes and a piece's, never the key's.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from kvstore_lazy.protocol.kv import BadRequest, DataRequest, RowsHeader
 from kvstore_lazy.protocol.message import Message
 from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 from kvstore_lazy.server.keys.row_sparse import reply_bytes
+from kvstore_lazy.server.listing import Listing
+from kvstore_lazy.store.segments import SegmentError
+from kvstore_lazy.store.tier import KVSTORE_LAZY_DISK_DIR, DiskTierFailure
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
 MAX_ALIASES = 64        # string-key names of the (nine) virtual keys
@@ -42,7 +47,7 @@ def _int_field(body, name: str) -> int:
 class StateTransfer:
     def __init__(self, server) -> None:
         self.server = server                                    # its .keys, .optimizer, .rank, .num_servers
-        self.listings: dict[int, tuple[int, np.ndarray]] = {}   # node id -> (key, listed row ids: the key's row_ids)
+        self.listings: dict[int, Listing] = {}                  # node id -> its listing (the key's row ids then)
         self.aliases: dict[int, int] = {}                       # string-key int -> virtual key (LAZY_ALIAS)
 
     def resolve(self, key: int) -> int:
@@ -57,9 +62,28 @@ class StateTransfer:
         if sender not in self.listings and len(self.listings) >= MAX_LISTINGS:
             raise ValueError(f"{MAX_LISTINGS} nodes already have a row listing open")
         entry = self.server.keys.get(key)
-        self.listings.pop(sender, None)      # (its last listing goes first: 8 bytes a row of a key, not twice)
-        ids = entry.row_ids() if isinstance(entry, RowSparseKey) else np.zeros(0, np.uint64)
-        self.listings[sender] = (key, ids)
+        self._drop(sender)                   # (its last listing goes first: not two of them at once)
+        self.listings[sender] = self._new_listing(key, entry)
+
+    @staticmethod
+    def _new_listing(key: int, entry) -> Listing:
+        """The rows of `entry` now: in memory for a key without a disk tier, else streamed into a temporary file in
+        its disk tier's directory (a failure to write it stops the server as any failure of the tier: status 4,
+        naming the directory)."""
+        if not isinstance(entry, RowSparseKey):
+            return Listing.of_array(key, np.zeros(0, np.uint64))
+        if entry.disk is None:
+            return Listing.of_array(key, entry.row_ids())
+        try:
+            return Listing.to_file(key, entry.row_id_chunks(), entry.disk.path)
+        except (OSError, SegmentError) as exc:
+            raise DiskTierFailure(f"disk tier failed ({KVSTORE_LAZY_DISK_DIR}={entry.disk.path.parent.parent}): "
+                                  f"cannot write the row listing of key {key} in {entry.disk.path}: {exc}") from exc
+
+    def _drop(self, sender: int) -> None:
+        listing = self.listings.pop(sender, None)
+        if listing is not None:
+            listing.close()
 
     def register_alias(self, body) -> None:
         """LAZY_ALIAS: requests for int `alias` (a string key of a string-key KVStore) mean virtual key `key`."""
@@ -93,13 +117,14 @@ class StateTransfer:
 
     # -- virtual keys
 
-    def _listing(self, request: DataRequest, key: int) -> tuple[int, np.ndarray]:
+    def _listing(self, request: DataRequest, key: int) -> tuple[int, Listing]:
         if request.sender not in self.listings:
             raise BadRequest(key, f"{'push to' if request.push else 'pull of'} a virtual key without a LAZY_ROWS "
                                   f"command first")
-        return self.listings[request.sender]
+        listing = self.listings[request.sender]
+        return listing.key, listing
 
-    def _header(self, key: int, ids: np.ndarray) -> RowsHeader:
+    def _header(self, key: int, ids: Listing) -> RowsHeader:
         entry = self.server.keys.get(key)
         counts = {}
         optimizer = self.server.optimizer
@@ -127,10 +152,10 @@ class StateTransfer:
             raise BadRequest(key, "pull of an unknown virtual key")
         return wire.rows_reply(request, reply_bytes(rows, request.dtype), rows.shape[1] if rows.ndim == 2 else 0)
 
-    def _listing_rows(self, request: DataRequest, key: int, queried: int, ids: np.ndarray) -> np.ndarray:
+    def _listing_rows(self, request: DataRequest, key: int, queried: int, ids: Listing) -> np.ndarray:
         """Rows of the listing key asked for: row 0 the header, row 1 + c the listed ids c * ROWS_WIDTH ... (as
         float64, padded with -1). Only the rows asked for are built, never the whole listing: a checkpoint reads a
-        large key's listing piece by piece."""
+        large key's listing piece by piece, each filled from the listing a piece at a time (Listing.fill)."""
         local_ids = request.local_ids
         total = 1 + _chunks(len(ids))
         if len(local_ids) and int(local_ids[-1]) >= total:
@@ -141,20 +166,18 @@ class StateTransfer:
         first, last = (int(chunk[0]), int(chunk[-1])) if len(chunk) else (0, -1)
         if not header.any() and last - first + 1 == len(chunk):     # rows first .. last (a checkpoint's piece)
             rows = np.full((len(chunk), mx.ROWS_WIDTH), -1.0)
-            part = ids[first * mx.ROWS_WIDTH:(last + 1) * mx.ROWS_WIDTH]
-            rows.reshape(-1)[:len(part)] = part
+            ids.fill(rows.reshape(-1), first * mx.ROWS_WIDTH)
             return rows
         rows = np.empty((len(local_ids), mx.ROWS_WIDTH))
         if header.any():
             rows[header] = self._header(queried, ids).row()
         if len(listed):
             window = np.full((last - first + 1) * mx.ROWS_WIDTH, -1.0)
-            part = ids[first * mx.ROWS_WIDTH:(last + 1) * mx.ROWS_WIDTH]
-            window[:len(part)] = part
+            ids.fill(window, first * mx.ROWS_WIDTH)
             rows[listed] = window.reshape(-1, mx.ROWS_WIDTH)[chunk - first]
         return rows
 
-    def _state_target(self, vkey: int, queried: int, ids: np.ndarray) -> tuple[DenseKey | RowSparseKey, int]:
+    def _state_target(self, vkey: int, queried: int, ids: Listing) -> tuple[DenseKey | RowSparseKey, int]:
         """(key object, number of state values this server holds for the query) of a flat-state request."""
         entry = self.server.keys.get(queried)
         if isinstance(entry, RowSparseKey):
@@ -163,7 +186,7 @@ class StateTransfer:
             return entry, entry.size
         raise BadRequest(vkey, f"optimizer state of key {queried}, which this server does not hold")
 
-    def _flat_state_rows(self, request: DataRequest, vkey: int, queried: int, ids: np.ndarray) -> np.ndarray:
+    def _flat_state_rows(self, request: DataRequest, vkey: int, queried: int, ids: Listing) -> np.ndarray:
         if request.dtype != np.float32:
             raise BadRequest(vkey, "the optimizer-state keys are float32")
         if len(request.local_ids) == 0:   # a server that holds nothing of the key gets the master key only
@@ -180,7 +203,7 @@ class StateTransfer:
         try:
             if isinstance(entry, RowSparseKey):
                 r0, r1 = lo // entry.row_size, -(-hi // entry.row_size)
-                flat = entry.state_rows(ids[r0:r1], state).reshape(-1)[lo - r0 * entry.row_size:
+                flat = entry.state_rows(ids.ids(r0, r1), state).reshape(-1)[lo - r0 * entry.row_size:
                                                                         hi - r0 * entry.row_size]
             else:
                 flat = entry.state(state).reshape(-1)[lo:hi]
@@ -216,7 +239,7 @@ class StateTransfer:
                 # the state pushes that follow are for the rows this listing named: with no listing they are refused
                 # too, instead of writing their states into the rows of the one before (a LAZY_ROWS listing of
                 # every row the key holds)
-                del self.listings[request.sender]
+                self._drop(request.sender)
             raise
         return wire.reply(request.sender, request.meta)
 
@@ -236,9 +259,11 @@ class StateTransfer:
         if (np.any(row_ids != listed) or np.any(row_ids[1:] <= row_ids[:-1])
                 or (count and (row_ids[0] < lo or row_ids[-1] >= hi))):
             raise BadRequest(key, f"pushed row ids must be sorted, unique and within [{lo}, {hi})")
-        self.listings[request.sender] = (queried, row_ids.astype(np.uint64))
+        self._drop(request.sender)
+        # (in memory: the state pushes that follow carry every row at once, so they take the ids whole)
+        self.listings[request.sender] = Listing.of_array(queried, row_ids.astype(np.uint64))
 
-    def _push_state(self, request: DataRequest, key: int, queried: int, ids: np.ndarray) -> None:
+    def _push_state(self, request: DataRequest, key: int, queried: int, ids: Listing) -> None:
         if request.dtype != np.float32:
             raise BadRequest(key, "the optimizer-state keys are float32")
         optimizer = self.server.optimizer
@@ -252,7 +277,7 @@ class StateTransfer:
         state = key - mx.FLAT_STATE_BASE
         try:
             if isinstance(entry, RowSparseKey):
-                entry.set_state_rows(ids, state, flat)
+                entry.set_state_rows(ids.ids(0, len(ids)), state, flat)
             else:
                 entry.set_state(state, flat, optimizer)
         except IndexError as exc:

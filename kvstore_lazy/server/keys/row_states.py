@@ -90,6 +90,27 @@ class RowKeyStates(RowKeyDisk):
         ids.sort()                  # (in place: a listing of a large key is 8 bytes a row, once)
         return ids
 
+    def row_id_chunks(self, chunk: int = 1 << 16):
+        """:meth:`row_ids` as a stream: ascending, at most about ``chunk`` ids a piece. The rows in memory are sorted
+        once (a copy of their ids: bounded by the memory budget), the rows on disk streamed from the disk index in
+        its order, the two merged piece by piece (a row is in one tier): never a copy of every id of the key. Don't
+        change the key while iterating."""
+        mem = self._table.row_ids()
+        mem.sort()
+        at = 0
+        if self.disk is not None and len(self.disk):
+            for disk in self.disk.store.id_chunks(chunk):
+                end = int(np.searchsorted(mem, disk[-1], side="right"))
+                if end == at:
+                    yield disk
+                    continue
+                part = np.concatenate([mem[at:end], disk])
+                part.sort()
+                at = end
+                yield part
+        for lo in range(at, len(mem), chunk):
+            yield mem[lo:lo + chunk]
+
     def state_rows(self, row_ids: np.ndarray, index: int) -> np.ndarray:
         """Optimizer state `index` of existing rows `row_ids`, (rows, row size)."""
         if index >= self.num_states:
