@@ -209,6 +209,12 @@ class SegmentStore:
             self._append(np.ascontiguousarray(records), later=handoff,
                          old=np.full(len(records), EMPTY, np.uint32) if absent else None)
 
+    def wait_writes(self, pending: int) -> None:
+        """Wait until at most ``pending`` writes of records handed over (:meth:`put_records` with ``handoff``) are
+        under way: a stream of handoffs holds that many batches of records, not all of them (a failed write is a
+        DiskError, as at every call that waits for one)."""
+        self._writer.wait_until(pending)
+
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
         order, records = self.get_records(row_ids)
@@ -295,6 +301,12 @@ class SegmentStore:
         """Ids of the rows stored, ascending (a copy: 8 bytes a row)."""
         parts = [ids for ids, _ in self._index.items()]
         return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+    def id_chunks(self, chunk: int = 1 << 16):
+        """Ids of the rows stored, ascending, at most ``chunk`` at a time, as the index lists them (no record read,
+        no listing of every id at once). Don't change the store while iterating."""
+        for ids, _ in self._index.items(chunk):
+            yield ids
 
     def items(self, chunk: int = 1 << 16):
         """``(ids, payloads)`` of every row, ascending by id, at most ``chunk`` rows at a time, as the index lists

@@ -5,11 +5,11 @@ A row is in exactly one tier at a time: :meth:`DiskTier.demote` writes the rows 
 removes them from the table; :meth:`DiskTier.promote` takes the rows of a batch that are on disk (one batched read)
 and inserts them into the table as they were. Both are a handful of whole-array operations per batch; nothing loops
 over rows in Python. Threads help, none of them deciding anything: the store's pool reads a promotion's records
-while this thread places the rows in the table and drops them from the disk index, a helper removes a demotion's
-rows from the table while this thread indexes their records, and the store's writer thread writes those records
-while this thread goes on (SegmentStore.begin_take, put_records with handoff); what moves where is decided here, in
-request order, as before. The record of a row is the structured dtype :func:`record_dtype` of the table's layout, so
-a row that went to disk and back is bit for bit the row that left.
+while this thread places the rows in the table and drops them from the disk index, and the store's writer thread
+writes a demotion's records while this thread packs and indexes the next chunk of them (SegmentStore.begin_take,
+put_records with handoff); what moves where is decided here, in request order, as before. The record of a row is
+the structured dtype :func:`record_dtype` of the table's layout, so a row that went to disk and back is bit for bit
+the row that left.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.rows import RowTable, as_row_ids
 from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, MEMTABLE_ENTRIES, DiskError,
-                                         SegmentError, SegmentStore, executor, join, link_or_copy, pick, put_at)
+                                         SegmentError, SegmentStore, join, link_or_copy, pick, put_at)
 
 STORE_FILE = paths.STORE_FILE
 MMAP_THRESHOLD = 4 << 20         # see _fix_mmap_threshold
@@ -32,8 +32,8 @@ TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion (one pwrite of ~2 MB at D=32:
                                 # large and sequential, and a buffer below glibc's mmap threshold: heap memory used
                                 # again, not fresh pages the kernel faults in and zeroes every time). A pass's
-                                # chunks are all packed before the table lets its rows go, so its records (2% of
-                                # the budget with a disk tier) are held at once until written
+                                # records are written while the next chunk is packed, at most DEMOTE_AHEAD
+DEMOTE_AHEAD = 2                # chunks of them held for writing at once (see DiskTier.demote)
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 MEMTABLE_SHARE = DENSE_SHARE    # a key's disk index memtable takes at most a quarter of the budget, as the hash
                                 # index it replaces could without a cost: until then no cold row reads an index
@@ -265,33 +265,33 @@ class DiskTier:
     @_fatal
     def demote(self, table: RowTable, slots: np.ndarray) -> np.ndarray:
         """Write the rows at ``slots`` to disk and remove them from ``table``; returns their ids. If the write
-        fails (DiskError) the table holds the same rows as before (at other slots)."""
+        fails (DiskError) the table holds the same rows as before.
+
+        DEMOTE_CHUNK rows at a time: packed (by id, as RowTable.export gives rows), handed to the store (indexed
+        here, written by its writer thread while the next chunk is packed), at most DEMOTE_AHEAD chunks' records
+        held for writing; the rows leave the table once all of them are on their way. So a pass's transient is a
+        few chunks' records (~2 MB each at D=32), not a record per row it demotes (a pass of a fifth of a 256 MiB
+        budget held about 50 MiB of them at once)."""
         slots = np.asarray(slots, np.int64)
-        parts: list[tuple[np.ndarray, np.ndarray]] = []
-        for lo in range(0, len(slots), DEMOTE_CHUNK):
-            chunk = slots[lo:lo + DEMOTE_CHUNK]
-            ids = table.ids_at(chunk)
-            order = np.argsort(ids, kind="stable")           # records by id, as RowTable.export gives rows
-            records = np.empty(len(chunk), self.store.record_dtype)
-            kernels.gather_fields(records, chunk[order], self._fields(table, ids=True))   # packed in one pass
-            parts.append((ids[order], records))
-        # the table lets the rows go on a helper thread (its compiled loops release the GIL) while this one hands
-        # their records to the store (indexed here, written by the store's writer thread)
-        removing = executor("demote").submit(table.remove_slots, slots)   # one thread
         written: list[np.ndarray] = []
+        fields = self._fields(table, ids=True)
         try:
-            for ids, records in parts:
+            for lo in range(0, len(slots), DEMOTE_CHUNK):
+                chunk = slots[lo:lo + DEMOTE_CHUNK]
+                ids = table.ids_at(chunk)
+                order = np.argsort(ids, kind="stable")
+                records = np.empty(len(chunk), self.store.record_dtype)
+                kernels.gather_fields(records, chunk[order], fields)      # packed in one pass
                 self.store.put_records(records, handoff=True, absent=True)   # (a row is in one tier)
-                written.append(ids)
+                del records
+                written.append(ids[order])
+                self.store.wait_writes(DEMOTE_AHEAD)
         except (DiskError, SegmentError):
-            removing.result()
             for ids in written:       # a row is in one tier: none went to disk, all of them stay in the table
                 self.store.delete(ids)
-            fields = self._fields(table)
-            for ids, records in parts:
-                kernels.scatter_fields(records, table.insert_absent(ids), fields)
             raise
-        removing.result()
+        del fields
+        table.remove_slots(slots)
         self.counters["demoted"] += len(slots)
         return np.concatenate(written) if written else np.zeros(0, np.uint64)
 
@@ -428,9 +428,10 @@ class DiskTier:
     @_fatal
     def read_field(self, row_ids, field: str, out: np.ndarray, at: np.ndarray) -> None:
         """One part of rows on disk (all present): ``field`` of their payload (``"w"``, ``"s0"``, ...), straight into
-        rows ``at`` of ``out`` (C-contiguous, (n, row_size), the table's dtype). A read of at most CACHE_ROWS rows
-        keeps their records as :meth:`read` does; a larger one (a checkpoint's piece) is read READ_CHUNK records at
-        a time and keeps none, so its transient is a chunk's records, not a record per row asked for."""
+        rows ``at`` of ``out`` (C-contiguous, (n, row_size), the table's dtype). A read of fewer rows than the cache
+        holds keeps their records as :meth:`read` does; a larger one (a checkpoint's piece: the fast path asks for
+        its missing rows MISSING_CHUNK = CACHE_ROWS at a time) is read READ_CHUNK records at a time and keeps none,
+        so its transient is a chunk's records, not a record per row asked for (twice: read, then kept)."""
         ids = as_row_ids(row_ids)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields[field][1]
@@ -441,7 +442,7 @@ class DiskTier:
             if not len(ids):
                 return
         del cached_records
-        if len(ids) > self._cache.limit:       # more than the cache keeps (as RecordCache.add would: none of them)
+        if len(ids) >= self._cache.limit:      # as many as the cache keeps (a checkpoint's piece): none of them
             self._cache.clear()
             step = self._read_chunk
             for lo in range(0, len(ids), step):

@@ -82,6 +82,19 @@ class Writer:
                 waiting.append(write)
         self.writes[:] = waiting                # (in place: the store's _writes is this list)
 
+    def wait_until(self, pending: int) -> None:
+        """Wait for the oldest writes under way until at most ``pending`` are (a caller handing over records in a
+        stream bounds the records held for writing so); a failed one is a DiskError as in :meth:`settle`."""
+        if self.error is not None:
+            raise self.error
+        while len(self.writes) > pending:
+            try:
+                self.writes[0][3].result()
+            except OSError as exc:
+                self.error = DiskError(exc.errno, f"disk tier {self.path}: write failed: {exc.strerror or exc}")
+                raise self.error from exc
+            del self.writes[0]
+
     def wait(self) -> None:
         """Wait for every write under way; their errors, if any, were the caller's to see (close)."""
         futures.wait([write[3] for write in self.writes])
