@@ -546,3 +546,25 @@ def test_large_removal_moves_rows_in_chunks_and_keeps_them():
     np.testing.assert_array_equal(out["weights"][:, 0], ids[kept][order].astype(np.float32))
     np.testing.assert_array_equal(out["states"][0][:, 0], (2 * kept[order]).astype(np.float32))
     np.testing.assert_array_equal(out["columns"]["tag"], kept[order].astype(np.int32))
+
+
+def test_a_table_stops_listing_its_removed_ids_past_a_share_of_its_bytes(monkeypatch):
+    """The ids a change-tracking table removed since clear_changes are kept up to max(REMOVED_MIN, nbytes /
+    REMOVED_SHARE) bytes (8 an id); past that, changes() is refused (its caller snapshots the table whole) and no
+    more are kept, until clear_changes."""
+    monkeypatch.setattr(rows, "REMOVED_MIN", 8 * 100)
+    table = RowTable(4, np.float32, 1, track_changes=True)
+    table.ensure(np.arange(1000, dtype=np.uint64), lambda ids: np.ones((len(ids), 4), np.float32))
+    table.clear_changes()
+    share = table.nbytes() // rows.REMOVED_SHARE // 8          # ids kept at most (above REMOVED_MIN's 100)
+    assert share > 100
+    table.remove_slots(table.lookup(np.arange(share // 2, dtype=np.uint64)))
+    assert table.changes_complete
+    assert table.changes()["removed"].tolist() == list(range(share // 2))
+    table.remove_slots(table.lookup(np.arange(share // 2, share + 10, dtype=np.uint64)))
+    assert not table.changes_complete and table._removed == []
+    with pytest.raises(ValueError, match="removed too many rows since its changes were cleared"):
+        table.changes()
+    table.clear_changes()
+    table.remove_slots(table.lookup(np.arange(share + 10, share + 20, dtype=np.uint64)))
+    assert table.changes_complete and table.changes()["removed"].tolist() == list(range(share + 10, share + 20))

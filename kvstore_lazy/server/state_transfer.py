@@ -28,7 +28,7 @@ from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 from kvstore_lazy.server.keys.row_sparse import reply_bytes
 from kvstore_lazy.server.listing import Listing
 from kvstore_lazy.store.segments import SegmentError
-from kvstore_lazy.store.tier import KVSTORE_LAZY_DISK_DIR, DiskTierFailure
+from kvstore_lazy.store.tier import KVSTORE_LAZY_DISK_DIR, DiskTierFailure, release_free_memory
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
 MAX_ALIASES = 64        # string-key names of the (nine) virtual keys
@@ -64,6 +64,7 @@ class StateTransfer:
         entry = self.server.keys.get(key)
         self._drop(sender)                   # (its last listing goes first: not two of them at once)
         self.listings[sender] = self._new_listing(key, entry)
+        release_free_memory()                # a checkpoint's pieces come next: not on top of training's free heap
 
     @staticmethod
     def _new_listing(key: int, entry) -> Listing:

@@ -69,6 +69,8 @@ def _grown_capacity(capacity: int, needed: int) -> int:
 
 
 KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
+REMOVED_SHARE = 16    # a table tracking changes keeps the ids it removed up to 1/16 of its bytes ...
+REMOVED_MIN = 1 << 20  # ... or 1 MiB of them (RowTable.changes_complete)
 
 
 EXPORT_CHUNK = 1 << 16  # rows a streamed export (RowTable.export_pieces) or a load copies at once,
@@ -330,6 +332,8 @@ class RowTable:
         self._columns = {name: Arena((), dtype, capacity) for name, dtype in (columns or {}).items()}
         self._changed = Arena((), np.uint8, capacity) if track_changes else None
         self._removed: list[np.ndarray] = []
+        self._removed_n = 0                 # ids in _removed
+        self._removed_lost = False          # too many were removed to keep them (changes_complete)
 
     @property
     def num_states(self) -> int:
@@ -342,6 +346,15 @@ class RowTable:
     @property
     def tracks_changes(self) -> bool:
         return self._changed is not None
+
+    @property
+    def changes_complete(self) -> bool:
+        """:meth:`changes` can say what changed since :meth:`clear_changes`: the table tracks changes and the ids
+        removed since then were kept. Not kept once they pass ``max(REMOVED_MIN, nbytes() / REMOVED_SHARE)`` bytes
+        (8 a row: a table under a budget with a disk tier demotes its rows many times over between two snapshots,
+        and those ids were memory no budget counted: 152 MB after 19M demotions); what changed is then the whole
+        table (an incremental snapshot of it writes it whole)."""
+        return self._changed is not None and not self._removed_lost
 
     def __len__(self) -> int:
         return len(self._index)
@@ -425,8 +438,11 @@ class RowTable:
         for arena in self._all_arenas():
             kernels.move_rows(arena.array, holes, movers)   # row by row in place: no temporary copy
             arena.clear(len(self), n)
-        if self._changed is not None:
+        if self._changed is not None and not self._removed_lost:
             self._removed.append(ids)
+            self._removed_n += len(ids)
+            if 8 * self._removed_n > max(REMOVED_MIN, self.nbytes() // REMOVED_SHARE):
+                self._removed, self._removed_n, self._removed_lost = [], 0, True
         return ids
 
     def weights(self, slots) -> np.ndarray:
@@ -548,8 +564,9 @@ class RowTable:
     def changes(self, pieces: bool = False) -> dict:
         """What changed since :meth:`clear_changes`: :meth:`export` of the rows created or written (with `pieces`:
         :meth:`export_pieces`), plus ``"removed"``: ids removed since then and not present now (sorted)."""
-        if self._changed is None:
-            raise ValueError("this table does not track changes")
+        if not self.changes_complete:
+            raise ValueError("this table does not track changes" if self._changed is None else
+                             "this table removed too many rows since its changes were cleared to list them")
         changed = np.flatnonzero(self._changed.array[:len(self)])
         out = self.export_pieces(changed) if pieces else self.export(changed)
         removed = np.unique(np.concatenate(self._removed)) if self._removed else np.zeros(0, np.uint64)
@@ -559,7 +576,7 @@ class RowTable:
     def clear_changes(self) -> None:
         if self._changed is not None:
             self._changed.array[:len(self)] = 0
-            self._removed = []
+            self._removed, self._removed_n, self._removed_lost = [], 0, False
 
     @property
     def row_nbytes(self) -> int:

@@ -366,6 +366,10 @@ class SegmentStore:
         entry for a RunIndex (12 bytes, until the memtable is written as a run: then ~1.4 bytes a row)."""
         return 0 if isinstance(self._index, DenseIndex) else self._index._mem.row_nbytes
 
+    def index_flushes(self) -> int:
+        """How many times the index wrote its memtable as a run (0 for a dense index)."""
+        return self._index.counters["flushes"] if isinstance(self._index, RunIndex) else 0
+
     def disk_bytes(self) -> int:
         """Bytes of the segment files (fixed size each)."""
         return len(self._names) * self.segment_rows * self.record_bytes

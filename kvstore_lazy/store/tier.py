@@ -39,7 +39,9 @@ MEMTABLE_SHARE = DENSE_SHARE    # a key's disk index memtable takes at most a qu
                                 # index it replaces could without a cost: until then no cold row reads an index
                                 # block (memtable_entries) ...
 MEMTABLE_MIN = 1 << 10          # ... but at least this many entries ...
-MEMTABLE_MAX = 1 << 20          # ... and at most this many
+MEMTABLE_MAX = 1 << 18          # ... and at most this many: writing it as a run (RunIndex.flush) takes about 45
+                                # bytes an entry at once (sorted copies, the run's blocks: 46.6 MiB at 1M entries,
+                                # 11.7 at this many), all of it above the budget
 CACHE_ROWS = 1 << 15            # records of rows read in place kept for their promotion (~8.9 MB at D=32)
 CACHE_BYTES = 16 << 20          # and at most this many bytes of them (wide rows: fewer records)
 READ_CHUNK = 1 << 13            # records a read of many rows (a checkpoint's piece) holds at once (read_field): ~2 MB
@@ -65,6 +67,26 @@ def _fix_mmap_threshold() -> None:
         libc.mallopt(-1, TRIM_THRESHOLD)        # M_TRIM_THRESHOLD: free heap kept at its top before it is returned
     except (OSError, AttributeError):
         pass
+
+
+def release_free_memory() -> None:
+    """Return the free pages of every malloc arena to the kernel (glibc's ``malloc_trim(0)``; elsewhere nothing).
+    glibc keeps the heap freed temporaries leave behind (holes under live blocks; only a free top above
+    TRIM_THRESHOLD goes back by itself): after a round's demotions and the pieces of a checkpoint, 15-40 MiB the
+    server no longer uses, which the next large reply (a mapping of its own) comes on top of. Called where a phase
+    of large temporaries begins (a checkpoint's LAZY_ROWS, a snapshot), not per request: a trim takes about a
+    millisecond, and every page it returns is a page fault when the heap grows into it again."""
+    if not _TRIM:
+        try:
+            import ctypes
+            _TRIM.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
+_TRIM: list = []
 
 
 COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk", "updated_in_place")
@@ -275,6 +297,7 @@ class DiskTier:
         slots = np.asarray(slots, np.int64)
         written: list[np.ndarray] = []
         fields = self._fields(table, ids=True)
+        flushes = self.store.index_flushes()
         try:
             for lo in range(0, len(slots), DEMOTE_CHUNK):
                 chunk = slots[lo:lo + DEMOTE_CHUNK]
@@ -292,6 +315,8 @@ class DiskTier:
             raise
         del fields
         table.remove_slots(slots)
+        if self.store.index_flushes() != flushes:
+            release_free_memory()       # (the index's memtable went out as a run: its ~45 B an entry of temporaries)
         self.counters["demoted"] += len(slots)
         return np.concatenate(written) if written else np.zeros(0, np.uint64)
 
@@ -428,10 +453,11 @@ class DiskTier:
     @_fatal
     def read_field(self, row_ids, field: str, out: np.ndarray, at: np.ndarray) -> None:
         """One part of rows on disk (all present): ``field`` of their payload (``"w"``, ``"s0"``, ...), straight into
-        rows ``at`` of ``out`` (C-contiguous, (n, row_size), the table's dtype). A read of fewer rows than the cache
-        holds keeps their records as :meth:`read` does; a larger one (a checkpoint's piece: the fast path asks for
-        its missing rows MISSING_CHUNK = CACHE_ROWS at a time) is read READ_CHUNK records at a time and keeps none,
-        so its transient is a chunk's records, not a record per row asked for (twice: read, then kept)."""
+        rows ``at`` of ``out`` (C-contiguous, (n, row_size), the table's dtype). A read of at most half the rows
+        the cache holds (a training pull's cold rows) keeps their records as :meth:`read` does; a larger one (a
+        checkpoint's piece: the fast path asks for its missing rows 32,768 at a time) is read READ_CHUNK records at
+        a time and keeps none, so its transient is a chunk's records, not a record per row asked for (twice: read,
+        then kept)."""
         ids = as_row_ids(row_ids)
         at = np.asarray(at, np.int64)
         w = self.store.record_dtype.fields["payload"][1] + self.record.fields[field][1]
@@ -442,7 +468,7 @@ class DiskTier:
             if not len(ids):
                 return
         del cached_records
-        if len(ids) >= self._cache.limit:      # as many as the cache keeps (a checkpoint's piece): none of them
+        if 2 * len(ids) > self._cache.limit:   # a checkpoint's piece: none of them kept
             self._cache.clear()
             step = self._read_chunk
             for lo in range(0, len(ids), step):

@@ -18,7 +18,7 @@ from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.numerics.catchup import History
 from kvstore_lazy.server.keys.row_catchup import RowKeyCatchUp
 from kvstore_lazy.server.lifecycle import Lifecycle, RowPolicy
-from kvstore_lazy.store.tier import DiskTier
+from kvstore_lazy.store.tier import DiskTier, release_free_memory
 
 
 class RowKeySnapshots(RowKeyCatchUp):
@@ -29,7 +29,9 @@ class RowKeySnapshots(RowKeyCatchUp):
         (``"disk"``: its DiskTier, which checkpoint commits into the snapshot, hard-linking its segments and index
         runs: no row is read; a full disk there stops the server as anywhere in the tier). With
         `stream` the rows' arrays are ``store.rows.Pieces``, gathered chunk by chunk as the snapshot file is written
-        (never a copy of the table; write them before the table changes), else copies."""
+        (never a copy of the table; write them before the table changes), else copies. The heap's free pages go
+        back to the kernel first (``release_free_memory``): the write's buffers do not come on top of them."""
+        release_free_memory()
         rows = self._table.export_pieces() if stream else self._table.export()
         out = self._snapshot(rows, None if self.policy is None else self.policy.pending_rows())
         if self.disk is not None:
@@ -73,9 +75,14 @@ class RowKeySnapshots(RowKeyCatchUp):
     def delta(self, stream: bool = False) -> dict:
         """What an incremental snapshot holds of this key: the rows created or written since the last snapshot
         (with their columns), ``dead_ids`` for rows removed since then, the same for the pending table, and the
-        policy state; the whole key (``mode: full``) if it is new or was rebuilt since."""
-        if self._rebuilt or not self._table.tracks_changes:
+        policy state; the whole key (``mode: full``) if it is new or was rebuilt since, or if its tables removed too
+        many rows since to list them (``RowTable.changes_complete``: a disk tier's demotions, many times the rows in
+        memory between two snapshots; the whole key is then its rows in memory and its store, as any snapshot)."""
+        pending_table = None if self.policy is None else self.policy.pending
+        if self._rebuilt or not self._table.changes_complete or \
+                (pending_table is not None and not pending_table.changes_complete):
             return dict(self.snapshot(stream), mode="full")
+        release_free_memory()           # (as snapshot)
         pending = None if self.policy is None else self.policy.pending_rows(changes=True)
         out = dict(self._snapshot(self._table.changes(pieces=stream), pending), mode="delta")
         if self.disk is not None:    # rows demoted since are tombstones of the memory part and rows of the store

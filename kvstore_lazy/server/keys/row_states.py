@@ -118,12 +118,12 @@ class RowKeyStates(RowKeyDisk):
         slots = self._table.lookup(row_ids)
         present = slots >= 0
         if self.disk is not None and not present.all():      # read from disk, not promoted (a listing)
-            absent = row_ids[~present]
-            if not self.disk.contains(absent).all():
-                raise KeyError(f"a listed row of key {self.key} no longer exists")
             out = np.empty((len(row_ids), self.row_size), self._table.dtype)
             out[present] = self._table.states(slots[present])[index]
-            self.disk.read_field(absent, f"s{index}", out, np.flatnonzero(~present))   # (chunk by chunk)
+            try:            # (chunk by chunk; a row on neither tier is a KeyError there: no lookup of them first)
+                self.disk.read_field(row_ids[~present], f"s{index}", out, np.flatnonzero(~present))
+            except KeyError:
+                raise KeyError(f"a listed row of key {self.key} no longer exists") from None
             return out
         if not present.all():
             raise KeyError(f"a listed row of key {self.key} no longer exists")
