@@ -465,6 +465,25 @@ def test_arena_clear_keeps_a_small_tail_zeroed_and_gives_a_large_one_back():
     assert not arena.array[n // 4:].any() and (arena.array[:n // 4] == 3.0).all()
 
 
+def test_arena_clear_counts_every_tail_it_kept():
+    """Small tails kept call after call add up: once the rows kept past the ones in use pass 1/KEEP_SHARE of them,
+    all of their pages go back (a table does not keep the memory of its largest size for good)."""
+    n = 1 << 18                                            # 32 MiB of 128-byte rows: 512 KiB a step
+    arena = rows.Arena((32,), np.float32, n)
+    arena.array[:] = 3.0
+    step = n // rows.KEEP_SHARE // 4
+    used = n
+    before = _rss_bytes()
+    for _ in range(3):                                     # 3/4 of the share: all kept
+        arena.clear(used - step, used)
+        used -= step
+    assert _rss_bytes() > before - 2**18 and arena.top == n
+    arena.clear(used - 2 * step, used)                     # past the share: every kept row's pages go back
+    used -= 2 * step
+    assert _rss_bytes() < before - 5 * step * 128 + 2**19 and arena.top == used
+    assert not arena.array[used:].any() and (arena.array[:used] == 3.0).all()
+
+
 def test_remove_refuses_bad_slots_and_changes_nothing():
     table = RowTable(ROW, np.float32, 1)
     table.ensure([1, 2, 3], lambda ids: np.ones((3, ROW)))

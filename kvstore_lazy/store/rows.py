@@ -101,6 +101,7 @@ class Arena:
         self._void = np.dtype((np.void, self.row_bytes))
         self._map = self._new_map(max(int(capacity), 1))
         self._bind()
+        self.top = 0            # rows below it may be resident: the most used since clear last gave pages back
 
     def __len__(self) -> int:
         return self.capacity
@@ -132,19 +133,24 @@ class Arena:
         self._bind()
 
     def clear(self, lo: int, hi: int) -> None:
-        """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages among them go back to the
-        kernel (they read as zero again), unless they are a small tail (at most 1/KEEP_SHARE of the rows before them):
-        those are written with zeros and kept, since the table soon grows into them again (a budget pass removes a
-        few percent of the rows that the next rounds' new rows take back). Returned, every one of them would be a
-        page fault and a page the kernel zeroes on the next touch (the same zeros, plus the fault), and each return
-        a flush of the pages' translations on every core the server's threads run on. Kept, the memory stays that
-        of the table's largest size (under a budget: at most the budget)."""
+        """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages of the unused rows go back
+        to the kernel (they read as zero again), unless those are a small tail (at most 1/KEEP_SHARE of the rows
+        before them): then the rows are written with zeros and kept, since the table soon grows into them again (a
+        budget pass removes a few percent of the rows that the next rounds' new rows take back). Returned, every one
+        of them would be a page fault and a page the kernel zeroes on the next touch (the same zeros, plus the
+        fault), and each return a flush of the pages' translations on every core the server's threads run on. The
+        tail counted is every row kept so (``top``: the most rows used since pages last went back), not this call's
+        alone: kept call after call, a table's memory would stay that of its largest size ever (under a budget with
+        a disk tier, the rows that fit before its disk index grew: 35 MiB above the budget at 20M rows)."""
+        top = max(self.top, min(hi, self.capacity))
         start, end = lo * self.row_bytes, min(hi, self.capacity) * self.row_bytes
-        if end <= start:
+        if top * self.row_bytes - start <= start // KEEP_SHARE:
+            if end > start:
+                self._rows[lo:min(hi, self.capacity)].view(np.uint8)[:] = 0
+            self.top = top
             return
-        if end - start <= start // KEEP_SHARE:
-            self._rows[lo:min(hi, self.capacity)].view(np.uint8)[:] = 0
-            return
+        end = top * self.row_bytes          # (rows [hi, top) are zero already: their pages go back too)
+        self.top = lo
         first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
         if last <= first:
             self._map[start:end] = bytes(end - start)
