@@ -425,7 +425,11 @@ def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict
         table, key = dict(_read_key(file, info, pieces and info.get("mode") != "delta"), meta=info), int(k)
         disks[key] = _disk_of(path, k, info)       # the newest snapshot's disk tier is the key's
         if info.get("mode") != "delta":
-            changes[key] = ("full", table)
+            # the key whole: it takes the base's place, and the deltas after it fold among themselves (arrays)
+            # before they fold onto it once, as onto a base (its members in pieces are read once, in order)
+            table["meta"] = {name: value for name, value in info.items() if name != "mode"}
+            tables[key] = table
+            changes.pop(key, None)
         elif key in changes:
             mode, older = changes[key]
             changes[key] = (mode, _fold(older, table, base=mode == "full"))
