@@ -205,9 +205,9 @@ def test_a_snapshot_streamed_in_pieces_writes_the_same_files_as_one_copied_whole
 
 
 def test_a_restore_reading_the_rows_in_pieces_equals_one_reading_them_whole(tmp_path, run, monkeypatch):
-    """A server restores a key's rows a piece at a time from the base's file (persist.members), the deltas merged
-    in by id as they come (MergedPieces), the table built piece by piece (RowTable.load): the same server as from
-    the files read whole, with many short pieces."""
+    """A server restores a key's rows a piece at a time from the base's file and the deltas' (persist.members),
+    merged by id as they come (MergedPieces), the table built piece by piece (RowTable.load): the same server as
+    from the files read whole, with many short pieces."""
     from kvstore_lazy.persist import members
     from kvstore_lazy.store import rows as rows_module
     monkeypatch.setattr(members, "LOAD_CHUNK", 5)
@@ -217,6 +217,8 @@ def test_a_restore_reading_the_rows_in_pieces_equals_one_reading_them_whole(tmp_
     whole = snapshots.load_snapshot(tmp_path, 0)
     cut = snapshots.load_snapshot(tmp_path, 0, pieces=True)
     assert isinstance(cut.tables[KEY]["weights"], members.MergedPieces)
+    sources = cut.tables[KEY]["weights"].sources        # the base and every delta after it: all read in pieces
+    assert len(sources) == chain.state["seq"] + 1 and all(isinstance(s, members.MemberPieces) for s in sources)
     servers = []
     for loaded in (whole, cut):
         fresh = KVServer(0, 1, 2, lifecycle=SETTINGS)

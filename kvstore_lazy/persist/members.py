@@ -3,8 +3,8 @@ the table built from them at once.
 
 Owns: :class:`MemberPieces`, one per-row member of a key file (``weights``, ``state<i>``, ``col_<name>``) read in
 order a piece at a time, every byte of it checked against the member's zip CRC once its last piece is read (a
-mismatch is a SnapshotError, as a whole read's would be), and :class:`MergedPieces`, such a member with some rows
-dropped and a delta's rows merged in by id (``snapshots._fold`` of a base and its deltas), also in pieces.
+mismatch is a SnapshotError, as a whole read's would be), and :class:`MergedPieces`, such members of a base and
+the deltas after it merged by id (some rows of each dropped: ``snapshots._fold_all``), also in pieces.
 Does not own: the snapshot format and its checks (``persist.snapshots``), the table they go into
 (``store.rows.RowTable.load``, which takes anything with ``pieces()``).
 
@@ -150,34 +150,53 @@ class MemberPieces:
 
 
 class MergedPieces:
-    """Rows ``kept`` (ascending indices) of a base member in pieces, and rows of a delta (an array), merged in the
-    order ``order`` of their concatenation ``[base[kept], delta]`` (sorted by id: so the base rows come in
-    ascending order and the base member is read once, in order)."""
+    """Rows ``kept[s]`` (ascending indices) of each source ``s`` (a member in pieces, or an array), merged in the
+    order ``order`` of their concatenation ``[sources[0][kept[0]], sources[1][kept[1]], ...]`` (sorted by id: so
+    each source's rows come in ascending order and a member in pieces is read once, in order). A base and the
+    deltas after it, each a source (``snapshots._fold_all``): the rows of all of them are never in memory at once."""
 
-    def __init__(self, base: MemberPieces, kept: np.ndarray, delta: np.ndarray, order: np.ndarray) -> None:
-        self.base, self.kept, self.order = base, kept, order
-        self.delta = np.asarray(delta, base.dtype)
-        self.shape = (len(order),) + base.shape[1:]
-        self.dtype, self.chunk = base.dtype, base.chunk
+    def __init__(self, sources: list, kept: list[np.ndarray], order: np.ndarray) -> None:
+        first = sources[0]
+        self.dtype = np.dtype(first.dtype)
+        self.sources = [s if isinstance(s, MemberPieces) else np.asarray(s, self.dtype) for s in sources]
+        self.kept, self.order = kept, order
+        self.starts = np.cumsum([0] + [len(k) for k in kept])
+        self.shape = (len(order),) + tuple(first.shape[1:])
+        chunks = [s.chunk for s in self.sources if isinstance(s, MemberPieces)]
+        self.chunk = min(chunks) if chunks else LOAD_CHUNK
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def pieces(self):
-        reader, kept = self.base.reader(), len(self.kept)
+        readers = [s.reader() if isinstance(s, MemberPieces) else None for s in self.sources]
         try:
             for lo in range(0, len(self.order), self.chunk):
                 at = self.order[lo:lo + self.chunk]
+                source = np.searchsorted(self.starts, at, side="right") - 1
                 out = np.empty((len(at),) + self.shape[1:], self.dtype)
-                old = at < kept
-                if old.any():
-                    out[old] = reader.select(self.kept[at[old]])
-                out[~old] = self.delta[at[~old] - kept]
+                for s in np.unique(source).tolist():
+                    mine = source == s
+                    want = self.kept[s][at[mine] - self.starts[s]]
+                    reader = readers[s]
+                    out[mine] = reader.select(want) if reader is not None else self.sources[s][want]
                 yield out
-            reader.finish()
+            for reader in readers:
+                if reader is not None:
+                    reader.finish()
         finally:
-            reader.close()
+            for reader in readers:
+                if reader is not None:
+                    reader.close()
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = np.concatenate(list(self.pieces()) or [np.zeros(self.shape, self.dtype)])
         return whole if dtype is None else whole.astype(dtype, copy=False)
+
+
+def merged(sources: list, kept: list[np.ndarray], order: np.ndarray):
+    """``concatenate([s[k] for s, k in zip(sources, kept)])[order]``: an array if every source is one, else a
+    :class:`MergedPieces` (read when the table is built)."""
+    if not any(isinstance(s, MemberPieces) for s in sources):
+        return np.concatenate([np.asarray(s)[k] for s, k in zip(sources, kept)])[order]
+    return MergedPieces(sources, kept, order)

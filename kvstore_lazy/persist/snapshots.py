@@ -33,7 +33,8 @@ Incremental snapshots (:class:`SnapshotChain`, :func:`load_snapshot`)::
                                       arrays as a base, those rows only), dead_ids (sorted): rows removed since
                                       then and not re-created (tombstones: a removed row is *absent*, never a value),
                                       pending_dead likewise for the pending ids; mode full: the whole key (new, or
-                                      rebuilt since: new optimizer, multi-precision), as in a base.
+                                      rebuilt since: new optimizer, multi-precision; or too many rows removed since
+                                      to list them, store.rows.RowTable.changes_complete), as in a base.
 
 A delta holds what changed since the snapshot before it (base or delta), so a restore reads the base and then every
 delta in order, the newest's ``server`` state ruling. The loader refuses (SnapshotError naming the file) a delta
@@ -41,6 +42,8 @@ whose ``seq`` does not follow its predecessor (a gap), whose ``chain`` is not th
 is not its predecessor manifest's (a stale delta: left by another chain, or its predecessor was rewritten), or whose
 files do not match their checksums (corrupted). A new base replaces the whole ``rank<r>`` directory atomically
 (deltas included): that is the compaction, after ``max_deltas`` deltas or once the deltas' bytes pass the base's.
+A server restoring (``load_snapshot(pieces=True)``) reads the rows of the base and of every delta a piece at a time,
+folded by id as the table is built (``_fold_all``, ``members.MergedPieces``): never a whole file's rows at once.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ import secrets
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -365,17 +369,20 @@ def load_snapshot(directory: str | os.PathLike, rank: int, pieces: bool = False)
                     if p.is_dir() and (m := _DELTA_DIR.fullmatch(p.name)))
     if deltas and chain is None:
         raise SnapshotError(f"{rank_dir}: deltas {deltas[0][1].name}... beside a base that starts no chain")
-    changes: dict[int, tuple[str, dict]] = {}     # key -> (mode, what the deltas so far make of it)
+    changes: dict[int, tuple[str, Any]] = {}      # key -> (mode, what the deltas so far make of it)
     server = manifest.get("server", {})
     for seq, path in deltas:
         assert chain is not None
         delta_manifest, sha = _checked_delta(path, seq, chain)
-        _read_delta_keys(path, delta_manifest, tables, disks, changes, pieces)
+        (_collect_delta_keys if pieces else _read_delta_keys)(path, delta_manifest, tables, disks, changes, pieces)
         server = delta_manifest.get("server", {})
         chain = dict(chain, seq=seq, sha256=sha,
                      delta_bytes=chain["delta_bytes"] + sum(f.stat().st_size for f in path.iterdir()))
     for key, (mode, table) in changes.items():
-        tables[key] = _fold(tables[key], table, base=True) if mode == "delta" else table
+        if mode == "deltas":                # (in pieces: the deltas after the key's base, folded at once)
+            tables[key] = _fold_all([tables[key]] + table)
+        else:
+            tables[key] = _fold(tables[key], table, base=True) if mode == "delta" else table
         tables[key]["meta"] = dict(tables[key]["meta"], rows=len(tables[key]["row_ids"]))
         tables[key]["meta"].pop("mode", None)
     for key, disk in disks.items():
@@ -438,6 +445,28 @@ def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict
         else:
             raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
 
+def _collect_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict, changes: dict,
+                        pieces: bool = True) -> None:
+    """:func:`_read_delta_keys` in pieces: every key file of one delta checked and opened with its per-row members
+    in pieces, the deltas of a key collected (``changes[key] = ("deltas", [tables])``) to be folded at once onto
+    its base (:func:`_fold_all`); a key written whole takes its base's place."""
+    for k, info in delta_manifest["keys"].items():
+        file = paths.key_file(path, int(k))
+        if not file.exists() or file_digest(file)[0] != info.get("sha256"):
+            raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
+                                f"to load")
+        table, key = dict(_read_key(file, info, pieces), meta=info), int(k)
+        disks[key] = _disk_of(path, k, info)       # the newest snapshot's disk tier is the key's
+        if info.get("mode") != "delta":
+            table["meta"] = {name: value for name, value in info.items() if name != "mode"}
+            tables[key] = table
+            changes.pop(key, None)
+        elif key in tables:
+            changes.setdefault(key, ("deltas", []))[1].append(table)
+        else:
+            raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
+
+
 def _read_delta_manifest(path: Path) -> tuple[dict, str]:
     file = paths.manifest(path)
     try:
@@ -493,9 +522,37 @@ def _fold(older: dict, newer: dict, base: bool = False) -> dict:
 
 def _merged(old, keep: np.ndarray, new: np.ndarray, order: np.ndarray):
     """``concatenate([old[keep], new])[order]``; of a member read in pieces, the same in pieces."""
-    if isinstance(old, members.MemberPieces):
-        return members.MergedPieces(old, np.flatnonzero(keep), new, order)
-    return np.concatenate([old[keep], new])[order]
+    return members.merged([old, new], [np.flatnonzero(keep), np.arange(len(new))], order)
+
+
+def _fold_all(parts: list[dict]) -> dict:
+    """``parts[0]`` (the key whole: a base, or a delta that wrote it whole) and the deltas after it, in order,
+    folded at once into one full table: of each row its newest version, without those a later delta removed. A
+    per-row member read in pieces stays in pieces (``members.MergedPieces``: each source read once, in order), so
+    a restore never holds the rows of the base or of a delta beside the table it builds."""
+    out = {"meta": parts[-1]["meta"], "arrays": {}}
+    for ids_name, dead_name, prefix in _GROUPS:
+        groups = [g for g in (_group(p, ids_name, dead_name, prefix) for p in parts) if g["ids"] is not None]
+        if not groups:
+            continue
+        if any(set(g["cols"]) != set(groups[-1]["cols"]) for g in groups):
+            raise SnapshotError(f"key {parts[-1]['meta'].get('kind')}: arrays {sorted(groups[-1]['cols'])} of a "
+                                f"delta differ from a predecessor's")
+        kept: list[np.ndarray] = []
+        gone = np.zeros(0, np.uint64)                 # ids a newer source replaced or removed
+        for at, group in enumerate(reversed(groups)):
+            ids = np.asarray(group["ids"], np.uint64)
+            kept.append(np.flatnonzero(~_members(ids, gone)))
+            if at < len(groups) - 1:
+                gone = np.union1d(gone, np.concatenate([ids, np.asarray(group["dead"], np.uint64)]))
+        kept.reverse()
+        ids = np.concatenate([np.asarray(g["ids"], np.uint64)[k] for g, k in zip(groups, kept)])
+        order = np.argsort(ids, kind="stable")
+        cols = {n: members.merged([g["cols"][n] for g in groups], kept, order) for n in groups[-1]["cols"]}
+        _put_group(out, ids_name, dead_name, {"ids": ids[order], "cols": cols, "dead": None})
+    if "row_ids" not in out:
+        raise SnapshotError("a delta without rows")
+    return out
 
 
 def _members(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
