@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-LOAD_CHUNK = 1 << 16            # rows a piece (8 MiB of weights at D=32),
-LOAD_BYTES = 8 << 20            # and at most this many bytes
+LOAD_CHUNK = 1 << 16            # rows a piece,
+LOAD_BYTES = 2 << 20            # and at most this many bytes (16,384 rows at D=32: a restore holds about three
+                                # pieces of each member at once, the read, the rows picked, the rows merged)
 _LOCAL = struct.Struct("<4s5H3L2H")      # a zip local file header (30 bytes)
 
 

@@ -540,16 +540,18 @@ def _fold_all(parts: list[dict]) -> dict:
                                 f"delta differ from a predecessor's")
         kept: list[np.ndarray] = []
         gone = np.zeros(0, np.uint64)                 # ids a newer source replaced or removed
+        index = np.int32 if sum(len(g["ids"]) for g in groups) < 2 ** 31 else np.int64   # (4 B a row, not 8)
         for at, group in enumerate(reversed(groups)):
             ids = np.asarray(group["ids"], np.uint64)
-            kept.append(np.flatnonzero(~_members(ids, gone)))
+            kept.append(np.flatnonzero(~_members(ids, gone)).astype(index))
             if at < len(groups) - 1:
                 gone = np.union1d(gone, np.concatenate([ids, np.asarray(group["dead"], np.uint64)]))
         kept.reverse()
         ids = np.concatenate([np.asarray(g["ids"], np.uint64)[k] for g, k in zip(groups, kept)])
-        order = np.argsort(ids, kind="stable")
+        order = np.argsort(ids, kind="stable").astype(index)
+        ids = ids[order]
         cols = {n: members.merged([g["cols"][n] for g in groups], kept, order) for n in groups[-1]["cols"]}
-        _put_group(out, ids_name, dead_name, {"ids": ids[order], "cols": cols, "dead": None})
+        _put_group(out, ids_name, dead_name, {"ids": ids, "cols": cols, "dead": None})
     if "row_ids" not in out:
         raise SnapshotError("a delta without rows")
     return out
