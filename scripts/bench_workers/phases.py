@@ -13,6 +13,11 @@ measured exactly (VmHWM reset on entry, ``/proc/self/clear_refs``):
 - ``restore``: a new server restored from the chain in a fresh process, as a restarted server is (load_snapshot
   in pieces, KVServer.restore); its growth is over that process's RSS before it.
 
+The server tracks changes (as one with a snapshot directory does: the delta is a real delta). The harness keeps
+nothing of its own that grows with the rows, as a separate worker process's memory would not count: the fresh ids
+come from a bijection of the row numbers, the worker's copy of a listing goes to a temporary file, the pulls' ids
+are made a piece at a time.
+
 Prints per phase the peak RSS, its growth over the RSS before the key existed (mxnet is imported for the optimizer
 pickle) and that growth less the budget: what the issue's target (peak <= budget + 100 MB) is about. The issue's
 job: ``--rows 1600000 --input-dim 60000000 --batch 16384 --budget 32MiB``. ``--rss-trace`` adds each traced
@@ -24,6 +29,7 @@ import argparse
 import ctypes
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -44,6 +50,7 @@ from kvstore_lazy.server.core import KVServer  # noqa: E402
 from kvstore_lazy.server.lifecycle import Settings, parse_bytes  # noqa: E402
 from kvstore_lazy.worker import FETCH_ROWS, FETCH_VIRTUAL_ROWS, lazy_spec_body  # noqa: E402
 
+SPREAD = 1_000_000_007     # see train()
 ROW_SPARSE_F64 = mx.command_code(mx.ROW_SPARSE, mx.DTYPE_FLAGS[np.dtype(np.float64)])
 ROW_SPARSE_F32 = mx.command_code(mx.ROW_SPARSE, 0)
 TRACED = [("kvstore_lazy.server.state_transfer", "StateTransfer", "pull"),
@@ -106,7 +113,8 @@ def restore_only(root: Path, budget: int) -> int:
     tiered.HwmTrace._reset()
     t = time.perf_counter()
     loaded = snapshots.load_snapshot(root / "snap", 0, pieces=True)
-    fresh = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(root / "disk2")))
+    fresh = KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(root / "disk2"),
+                                                 track_changes=True))
     fresh.restore(loaded.manifest.get("server", {}), loaded.tables)
     print(json.dumps({"base": base, "entry": base, "peak": tiered._status("VmHWM"),
                       "seconds": time.perf_counter() - t, "accounted": fresh.lifecycle.accounted(fresh.keys)}))
@@ -134,7 +142,7 @@ def main() -> int:
         return restore_only(Path(args.restore_only), budget)
     temp = None if args.dir else tempfile.TemporaryDirectory(prefix="phases-")   # removed at exit
     root = Path(args.dir or temp.name)
-    settings = Settings(memory_budget=budget, disk_dir=str(root / "disk"))
+    settings = Settings(memory_budget=budget, disk_dir=str(root / "disk"), track_changes=True)   # (snapshots on)
     server, workers, handle = start("sgd", lifecycle=settings, materialize=args.materialize)
     handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.input_dim, args.dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
@@ -161,12 +169,16 @@ def main() -> int:
         server.lifecycle.run_due()
 
     def train() -> None:
-        order = np.unique(rng.integers(0, args.input_dim, args.rows + args.rows // 8))   # (not rng.choice: a
-        order = rng.permutation(order)[:args.rows]                                       # permutation of them all)
+        # the i-th fresh row is (i * SPREAD) mod input_dim, a bijection of [0, input_dim) (SPREAD a prime that does
+        # not divide it): distinct ids spread over the key with no list of them (the harness's memory is not the
+        # server's; 8 B a row of a permutation would count here)
+        if args.input_dim % SPREAD == 0:
+            raise SystemExit(f"--input-dim must not be a multiple of {SPREAD}")
         per = len(workers) * args.batch
         for lo in range(0, args.rows, per):
-            part = order[lo:lo + per]
-            step([np.sort(part[i::len(workers)]) for i in range(len(workers))])
+            part = np.arange(lo, min(lo + per, args.rows), dtype=np.uint64) * np.uint64(SPREAD) % \
+                np.uint64(args.input_dim)
+            step([np.sort(part[i::len(workers)].astype(np.int64)) for i in range(len(workers))])
 
     def zipf() -> None:
         for _ in range(args.zipf_steps):
@@ -176,42 +188,47 @@ def main() -> int:
     phases.run("zipf", zipf, accounted)
     w = workers[0]
 
-    def listing() -> np.ndarray:
+    def listing():
+        """LAZY_ROWS and the listing's pulls, as the worker makes them; the ids go to a temporary file (the worker's
+        memory is not the server's: a worker holding 8 B a row would count here), ``(file, count)``."""
         handle(w.command(mx.LAZY_ROWS, json.dumps({"key": KEY}).encode()))
         header = None
         for _, reply in server.handle(pull_virtual(w, mx.ROWS_HEADER_KEY, np.array([0]), ROW_SPARSE_F64)):
             header = reply
         count = int(np.frombuffer(header.data[1], np.float64)[0])
-        rows = 1 + np.arange(-(-count // mx.ROWS_WIDTH))
-        ids = np.empty(len(rows) * mx.ROWS_WIDTH, np.int64)    # (the worker's side, in this process: 8 B a row)
-        at = 0
-        for lo in range(0, len(rows), FETCH_VIRTUAL_ROWS):
-            for _, reply in server.handle(pull_virtual(w, mx.ROWS_HEADER_KEY, rows[lo:lo + FETCH_VIRTUAL_ROWS],
-                                                       ROW_SPARSE_F64)):
+        virtual = -(-count // mx.ROWS_WIDTH)
+        ids = tempfile.TemporaryFile(dir=root)
+        for lo in range(0, virtual, FETCH_VIRTUAL_ROWS):
+            rows = 1 + np.arange(lo, min(lo + FETCH_VIRTUAL_ROWS, virtual))
+            for _, reply in server.handle(pull_virtual(w, mx.ROWS_HEADER_KEY, rows, ROW_SPARSE_F64)):
                 got = np.frombuffer(reply.data[1], np.float64)
-                ids[at:at + len(got)] = got
-                at += len(got)
+                for at in range(0, len(got), 1 << 16):
+                    ids.write(got[at:at + (1 << 16)].astype(np.int64).tobytes())
                 del reply, got
-        return ids[:count]
+        return ids, count
 
     def fetch_rows() -> int:
-        ids = listing()
+        ids, count = listing()
         got = 0
-        for lo in range(0, len(ids), FETCH_ROWS):
-            for _, reply in server.handle(w.rows(ids[lo:lo + FETCH_ROWS], None)):
-                got += len(reply.data[1]) // (4 * args.dim) if len(reply.data) > 1 else 0
-                del reply           # (sent: a server holds no reply while it makes the next)
-        assert server.bad_requests == 0
+        with ids:
+            for lo in range(0, count, FETCH_ROWS):
+                n = min(FETCH_ROWS, count - lo)
+                piece = np.frombuffer(os.pread(ids.fileno(), 8 * n, 8 * lo), np.int64)
+                for _, reply in server.handle(w.rows(piece, None)):
+                    got += len(reply.data[1]) // (4 * args.dim) if len(reply.data) > 1 else 0
+                    del reply           # (sent: a server holds no reply while it makes the next)
+                del piece
+        assert server.bad_requests == 0 and got == count
         return got
 
     def fetch_states() -> int:
-        ids = listing()
-        n = len(ids) * args.dim
-        rows = np.arange(-(-n // mx.ROWS_WIDTH))
+        ids, count = listing()
+        ids.close()
+        virtual = -(-count * args.dim // mx.ROWS_WIDTH)
         got = 0
-        for lo in range(0, len(rows), FETCH_VIRTUAL_ROWS):
-            for _, reply in server.handle(pull_virtual(w, mx.flat_state_key(0), rows[lo:lo + FETCH_VIRTUAL_ROWS],
-                                                       ROW_SPARSE_F32)):
+        for lo in range(0, virtual, FETCH_VIRTUAL_ROWS):     # (a piece's rows at a time: 8 B a virtual row)
+            rows = np.arange(lo, min(lo + FETCH_VIRTUAL_ROWS, virtual))
+            for _, reply in server.handle(pull_virtual(w, mx.flat_state_key(0), rows, ROW_SPARSE_F32)):
                 got += len(reply.data[1])
                 del reply
         assert server.bad_requests == 0
