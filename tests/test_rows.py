@@ -482,6 +482,12 @@ def test_arena_clear_counts_every_tail_it_kept():
     used -= 2 * step
     assert _rss_bytes() < before - 5 * step * 128 + 2**19 and arena.top == used
     assert not arena.array[used:].any() and (arena.array[:used] == 3.0).all()
+    arena.clear(used - step, used)                         # kept again, until a phase that adds no rows ...
+    used -= step
+    before = _rss_bytes()
+    arena.release(used)                                    # ... gives the kept rows back whatever their number
+    assert _rss_bytes() < before - step * 128 + 2**17 and arena.top == used
+    assert not arena.array[used:].any() and (arena.array[:used] == 3.0).all()
 
 
 def test_remove_refuses_bad_slots_and_changes_nothing():

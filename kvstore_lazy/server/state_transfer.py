@@ -64,7 +64,12 @@ class StateTransfer:
         entry = self.server.keys.get(key)
         self._drop(sender)                   # (its last listing goes first: not two of them at once)
         self.listings[sender] = self._new_listing(key, entry)
-        release_free_memory()                # a checkpoint's pieces come next: not on top of training's free heap
+        # a checkpoint's pieces come next, adding no rows: not on top of the memory training left unused (the
+        # tables' zeroed tails, the heap's free pages)
+        for table in self.server.keys.values():
+            if isinstance(table, RowSparseKey):
+                table.release_unused()
+        release_free_memory()
 
     @staticmethod
     def _new_listing(key: int, entry) -> Listing:

@@ -132,7 +132,7 @@ class Arena:
             return
         self._bind()
 
-    def clear(self, lo: int, hi: int) -> None:
+    def clear(self, lo: int, hi: int, keep: bool = True) -> None:
         """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages of the unused rows go back
         to the kernel (they read as zero again), unless those are a small tail (at most 1/KEEP_SHARE of the rows
         before them): then the rows are written with zeros and kept, since the table soon grows into them again (a
@@ -144,7 +144,7 @@ class Arena:
         a disk tier, the rows that fit before its disk index grew: 35 MiB above the budget at 20M rows)."""
         top = max(self.top, min(hi, self.capacity))
         start, end = lo * self.row_bytes, min(hi, self.capacity) * self.row_bytes
-        if top * self.row_bytes - start <= start // KEEP_SHARE:
+        if keep and top * self.row_bytes - start <= start // KEEP_SHARE:
             if end > start:
                 self._rows[lo:min(hi, self.capacity)].view(np.uint8)[:] = 0
             self.top = top
@@ -162,6 +162,12 @@ class Arena:
         except (AttributeError, OSError):      # no madvise here: write the zeros instead
             for at in range(first, last, 1 << 24):
                 self._map[at:min(last, at + (1 << 24))] = bytes(min(last, at + (1 << 24)) - at)
+
+    def release(self, used: int) -> None:
+        """Give back the pages of the zeroed rows kept past the first ``used`` (see :meth:`clear`), whatever their
+        number: for a phase that adds no rows (a checkpoint's reads), where the table will not grow into them."""
+        if self.top > used:
+            self.clear(used, used, keep=False)
 
     def nbytes(self, used: int) -> int:
         """Bytes of memory the first ``used`` rows occupy (whole pages)."""
@@ -504,6 +510,12 @@ class RowTable:
     def row_ids(self) -> np.ndarray:
         """Ids by slot (a copy)."""
         return self._index.row_ids()
+
+    def release_unused(self) -> None:
+        """Give back the memory of the rows kept zeroed past the ones in use (Arena.release): before a phase that
+        adds no rows (a checkpoint's reads), whose own buffers would otherwise come on top of it."""
+        for arena in self._all_arenas() + [self._index._keys]:
+            arena.release(len(self))
 
     def row_ids_view(self) -> np.ndarray:
         """Ids by slot, a view (no copy): use it at once and drop it (as :meth:`arrays`)."""

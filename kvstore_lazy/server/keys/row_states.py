@@ -90,6 +90,10 @@ class RowKeyStates(RowKeyDisk):
         ids.sort()                  # (in place: a listing of a large key is 8 bytes a row, once)
         return ids
 
+    def release_unused(self) -> None:
+        """The memory of rows the table keeps zeroed past the ones in use goes back (``RowTable.release_unused``)."""
+        self._table.release_unused()
+
     def row_id_chunks(self, chunk: int = 1 << 16):
         """:meth:`row_ids` as a stream: ascending, at most about ``chunk`` ids a piece. The rows in memory are sorted
         once (a copy of their ids: bounded by the memory budget), the rows on disk streamed from the disk index in
