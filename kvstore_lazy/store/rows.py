@@ -27,26 +27,28 @@ with ``buckets`` gets the bucket count it had, so :meth:`RowTable.nbytes` (``n``
 arena, plus ``keys`` and the table: exact, not rounded to pages, a pure function of the history) is the same for a
 restored table as for the one it was saved from.
 
-Arenas (and ``keys``) are :class:`Arena` objects: anonymous memory mappings that grow in place with ``mremap``.
-Growing copies nothing, never holds old and new at once, and writes nothing: the kernel hands out zeroed pages the
-first time a row is written, so resident memory follows the rows stored, not the capacity (which doubles, as
-address space only). If growing in place is refused (a view of the array escaped, or no ``mremap`` on this
-platform), an arena falls back to a new mapping and copies its used rows: the peak is then the old plus the new
-used part of that one arena. A rehash builds the new table (from ``keys``) before dropping the old one: peak 1.5 x
-the new table, and a failure leaves the index as it was.
+Arenas (and ``keys``) are :class:`~kvstore_lazy.store.arena.Arena` objects: anonymous memory mappings that grow
+in place with ``mremap``. Growing copies nothing, never holds old and new at once, and writes nothing: the kernel
+hands out zeroed pages the first time a row is written, so resident memory follows the rows stored, not the
+capacity (which doubles, as address space only). If growing in place is refused (a view of the array escaped, or
+no ``mremap`` on this platform), an arena falls back to a new mapping and copies its used rows: the peak is then
+the old plus the new used part of that one arena. A rehash builds the new table (from ``keys``) before dropping
+the old one: peak 1.5 x the new table, and a failure leaves the index as it was.
 
 Rows are gathered and scattered through a view of each arena as one opaque ``void`` item per row (``take`` and
 ``put``), which moves a row as one block: several times faster than numpy's 2-D fancy indexing.
 """
 from __future__ import annotations
 
-import mmap
 from typing import Callable
 
 import numpy as np
 
 from kvstore_lazy.store import kernels
+from kvstore_lazy.store.arena import KEEP_SHARE, Arena
 from kvstore_lazy.store.pieces import Pieces, fill
+
+__all__ = ["Arena", "KEEP_SHARE", "RowIndex", "RowTable", "as_row_ids"]
 
 #: Check :meth:`RowIndex.insert`'s preconditions (unique, absent ids). Costs a sort and a lookup per insert.
 DEBUG = False
@@ -68,7 +70,6 @@ def _grown_capacity(capacity: int, needed: int) -> int:
     return max(needed, int(capacity * ARENA_GROWTH) + 1)
 
 
-KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
 REMOVED_SHARE = 16    # a table tracking changes keeps the ids it removed up to 1/16 of its bytes ...
 REMOVED_MIN = 1 << 20  # ... or 1 MiB of them (RowTable.changes_complete)
 
@@ -79,107 +80,6 @@ EXPORT_BYTES = 8 << 20  # and at most this many bytes of an array (8 MiB: 65,536
 
 def _chunk(row_bytes: int) -> int:
     return min(EXPORT_CHUNK, max(1024, EXPORT_BYTES // max(1, row_bytes)))
-
-
-class Arena:
-    """A growable array of ``capacity`` rows of ``row_shape`` in an anonymous memory mapping; rows start zero.
-
-    ``array`` is the numpy view (rebound by :meth:`grow`: don't keep it across a growth), ``take``/``put`` gather
-    and scatter whole rows.
-    """
-
-    array: np.ndarray       # rows as ``(capacity,) + row_shape`` of dtype (unbound while the mapping grows)
-    _rows: np.ndarray       # the same memory, one np.void item per row
-
-    def __init__(self, row_shape: tuple[int, ...], dtype, capacity: int) -> None:
-        self.row_shape = tuple(int(d) for d in row_shape)
-        self.dtype = np.dtype(dtype)
-        self.row_items = int(np.prod(self.row_shape, dtype=np.int64))
-        self.row_bytes = self.row_items * self.dtype.itemsize
-        if self.row_bytes <= 0:
-            raise ValueError(f"rows of shape {self.row_shape} hold no bytes")
-        self._void = np.dtype((np.void, self.row_bytes))
-        self._map = self._new_map(max(int(capacity), 1))
-        self._bind()
-        self.top = 0            # rows below it may be resident: the most used since clear last gave pages back
-
-    def __len__(self) -> int:
-        return self.capacity
-
-    def take(self, slots: np.ndarray) -> np.ndarray:
-        """Copy of the rows at ``slots`` (checked by the caller), shape ``(len(slots),) + row_shape``."""
-        return self._rows.take(slots).view(self.dtype).reshape((len(slots),) + self.row_shape)
-
-    def put(self, slots: np.ndarray, values) -> None:
-        """Write ``values`` (broadcast to ``(len(slots),) + row_shape``) to the rows at ``slots``."""
-        values = np.broadcast_to(np.asarray(values, self.dtype), (len(slots),) + self.row_shape)
-        values = np.ascontiguousarray(values).reshape(len(slots), self.row_items)
-        np.put(self._rows, slots, values.view(self._void).reshape(-1))
-
-    def grow(self, capacity: int, used: int) -> None:
-        """Make room for ``capacity`` rows, keeping the first ``used``; rows past ``used`` must be zero (unwritten)."""
-        if capacity <= self.capacity:
-            return
-        del self.array, self._rows      # no view of the mapping may stay for mremap
-        try:
-            self._map.resize(capacity * self.row_bytes)   # mremap: moves page tables, copies and touches nothing
-        except (BufferError, OSError, SystemError, ValueError):  # a view escaped, or no mremap: copy the used rows
-            self._bind()
-            old = self._rows[:used]
-            self._map = self._new_map(capacity)
-            self._bind()
-            self._rows[:used] = old
-            return
-        self._bind()
-
-    def clear(self, lo: int, hi: int, keep: bool = True) -> None:
-        """Zero rows ``[lo, hi)`` (the rows past ``lo`` are then unused); the whole pages of the unused rows go back
-        to the kernel (they read as zero again), unless those are a small tail (at most 1/KEEP_SHARE of the rows
-        before them): then the rows are written with zeros and kept, since the table soon grows into them again (a
-        budget pass removes a few percent of the rows that the next rounds' new rows take back). Returned, every one
-        of them would be a page fault and a page the kernel zeroes on the next touch (the same zeros, plus the
-        fault), and each return a flush of the pages' translations on every core the server's threads run on. The
-        tail counted is every row kept so (``top``: the most rows used since pages last went back), not this call's
-        alone: kept call after call, a table's memory would stay that of its largest size ever (under a budget with
-        a disk tier, the rows that fit before its disk index grew: 35 MiB above the budget at 20M rows)."""
-        top = max(self.top, min(hi, self.capacity))
-        start, end = lo * self.row_bytes, min(hi, self.capacity) * self.row_bytes
-        if keep and top * self.row_bytes - start <= start // KEEP_SHARE:
-            if end > start:
-                self._rows[lo:min(hi, self.capacity)].view(np.uint8)[:] = 0
-            self.top = top
-            return
-        end = top * self.row_bytes          # (rows [hi, top) are zero already: their pages go back too)
-        self.top = lo
-        first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-        if last <= first:
-            self._map[start:end] = bytes(end - start)
-            return
-        self._map[start:first] = bytes(first - start)
-        self._map[last:end] = bytes(end - last)
-        try:
-            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
-        except (AttributeError, OSError):      # no madvise here: write the zeros instead
-            for at in range(first, last, 1 << 24):
-                self._map[at:min(last, at + (1 << 24))] = bytes(min(last, at + (1 << 24)) - at)
-
-    def release(self, used: int) -> None:
-        """Give back the pages of the zeroed rows kept past the first ``used`` (see :meth:`clear`), whatever their
-        number: for a phase that adds no rows (a checkpoint's reads), where the table will not grow into them."""
-        if self.top > used:
-            self.clear(used, used, keep=False)
-
-    def nbytes(self, used: int) -> int:
-        """Bytes of memory the first ``used`` rows occupy (whole pages)."""
-        return -(-used * self.row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-
-    def _new_map(self, capacity: int) -> mmap.mmap:
-        return mmap.mmap(-1, capacity * self.row_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-
-    def _bind(self) -> None:
-        self.capacity = len(self._map) // self.row_bytes
-        self._rows = np.frombuffer(self._map, self._void, self.capacity)
-        self.array = self._rows.view(self.dtype).reshape((self.capacity,) + self.row_shape)
 
 
 def _shift(table: np.ndarray) -> int:

@@ -57,6 +57,7 @@ through an io_uring where the kernel has one, else with pread; reads, not a memo
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -209,12 +210,6 @@ class SegmentStore:
             self._append(np.ascontiguousarray(records), later=handoff,
                          old=np.full(len(records), EMPTY, np.uint32) if absent else None)
 
-    def wait_writes(self, pending: int) -> None:
-        """Wait until at most ``pending`` writes of records handed over (:meth:`put_records` with ``handoff``) are
-        under way: a stream of handoffs holds that many batches of records, not all of them (a failed write is a
-        DiskError, as at every call that waits for one)."""
-        self._writer.wait_until(pending)
-
     def get(self, row_ids) -> np.ndarray:
         """The payloads of ``row_ids`` (all present: else KeyError), in their order."""
         order, records = self.get_records(row_ids)
@@ -299,19 +294,15 @@ class SegmentStore:
 
     def row_ids(self) -> np.ndarray:
         """Ids of the rows stored, ascending (a copy: 8 bytes a row)."""
-        parts = [ids for ids, _ in self._index.items()]
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        return np.concatenate([np.zeros(0, np.uint64), *self.id_chunks()])
 
     def id_chunks(self, chunk: int = 1 << 16):
-        """Ids of the rows stored, ascending, at most ``chunk`` at a time, as the index lists them (no record read,
-        no listing of every id at once). Don't change the store while iterating."""
-        for ids, _ in self._index.items(chunk):
-            yield ids
+        """Ids of the rows stored, ascending, ``chunk`` at a time (the index's walk; don't change the store)."""
+        return (ids for ids, _ in self._index.items(chunk))
 
     def items(self, chunk: int = 1 << 16):
-        """``(ids, payloads)`` of every row, ascending by id, at most ``chunk`` rows at a time, as the index lists
-        them (its ``items()``: no lookup, no listing of every id at once). Don't change the store while iterating
-        (collect the changes, make them after)."""
+        """``(ids, payloads)`` of every row, ascending by id, ``chunk`` rows at a time, as the index lists them (no
+        lookup, no listing of every id). Don't change the store while iterating (collect changes, then make them)."""
         for ids, locs in self._index.items(chunk):
             yield ids, self._read(ids, locs)["payload"]
 
@@ -347,10 +338,8 @@ class SegmentStore:
         self._index.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             self.close()
-        except (OSError, AttributeError):
-            pass
 
     # -- sizes and stats
 
@@ -365,10 +354,6 @@ class SegmentStore:
         """Index RAM one more row on disk adds now (the buckets aside): nothing for a dense index; its memtable
         entry for a RunIndex (12 bytes, until the memtable is written as a run: then ~1.4 bytes a row)."""
         return 0 if isinstance(self._index, DenseIndex) else self._index._mem.row_nbytes
-
-    def index_flushes(self) -> int:
-        """How many times the index wrote its memtable as a run (0 for a dense index)."""
-        return self._index.counters["flushes"] if isinstance(self._index, RunIndex) else 0
 
     def disk_bytes(self) -> int:
         """Bytes of the segment files (fixed size each)."""

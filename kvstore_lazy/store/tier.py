@@ -32,8 +32,8 @@ TRIM_THRESHOLD = 16 << 20
 DEMOTE_CHUNK = 1 << 13          # rows packed and written per step of a demotion (one pwrite of ~2 MB at D=32:
                                 # large and sequential, and a buffer below glibc's mmap threshold: heap memory used
                                 # again, not fresh pages the kernel faults in and zeroes every time). A pass's
-                                # records are written while the next chunk is packed, at most DEMOTE_AHEAD
-DEMOTE_AHEAD = 2                # chunks of them held for writing at once (see DiskTier.demote)
+                                # records are written while the next chunk is packed (disk.writer.WRITE_AHEAD
+                                # chunks of them held for writing at most: see DiskTier.demote)
 DENSE_SHARE = 4                 # a dense disk index takes at most a quarter of the memory budget (dense_rows)
 MEMTABLE_SHARE = DENSE_SHARE    # a key's disk index memtable takes at most a quarter of the budget, as the hash
                                 # index it replaces could without a cost: until then no cold row reads an index
@@ -290,14 +290,14 @@ class DiskTier:
         fails (DiskError) the table holds the same rows as before.
 
         DEMOTE_CHUNK rows at a time: packed (by id, as RowTable.export gives rows), handed to the store (indexed
-        here, written by its writer thread while the next chunk is packed), at most DEMOTE_AHEAD chunks' records
-        held for writing; the rows leave the table once all of them are on their way. So a pass's transient is a
+        here, written by its writer thread while the next chunk is packed, at most WRITE_AHEAD chunks' records held
+        for writing); the rows leave the table once all of them are on their way. So a pass's transient is a
         few chunks' records (~2 MB each at D=32), not a record per row it demotes (a pass of a fifth of a 256 MiB
         budget held about 50 MiB of them at once)."""
         slots = np.asarray(slots, np.int64)
         written: list[np.ndarray] = []
         fields = self._fields(table, ids=True)
-        flushes = self.store.index_flushes()
+        index = self.store.index_nbytes()
         try:
             for lo in range(0, len(slots), DEMOTE_CHUNK):
                 chunk = slots[lo:lo + DEMOTE_CHUNK]
@@ -308,14 +308,13 @@ class DiskTier:
                 self.store.put_records(records, handoff=True, absent=True)   # (a row is in one tier)
                 del records
                 written.append(ids[order])
-                self.store.wait_writes(DEMOTE_AHEAD)
         except (DiskError, SegmentError):
             for ids in written:       # a row is in one tier: none went to disk, all of them stay in the table
                 self.store.delete(ids)
             raise
         del fields
         table.remove_slots(slots)
-        if self.store.index_flushes() != flushes:
+        if self.store.index_nbytes() < index:
             release_free_memory()       # (the index's memtable went out as a run: its ~45 B an entry of temporaries)
         self.counters["demoted"] += len(slots)
         return np.concatenate(written) if written else np.zeros(0, np.uint64)

@@ -22,6 +22,10 @@ from kvstore_lazy.store.disk.layout import RecordLayout
 from kvstore_lazy.store.disk.pools import executor
 
 
+WRITE_AHEAD = 2         # writes handed over and under way at most: a caller handing over a stream of batches (a
+                        # demotion's chunks) holds that many of them for writing, not all
+
+
 def _writer() -> futures.ThreadPoolExecutor:
     """The one thread that writes the records handed over by put_records(handoff=True), in order."""
     return executor("disk-write")
@@ -49,12 +53,14 @@ class Writer:
 
     def write(self, slot: int, file: Path, records: np.ndarray, start: int, locs: np.ndarray, later: bool) -> None:
         """Seal ``records`` for their locations ``locs`` (the check word, after the 8-byte id) and write them at
-        record ``start`` of segment ``slot`` (``file``); with ``later`` both on the writer thread (see settle)."""
+        record ``start`` of segment ``slot`` (``file``); with ``later`` both on the writer thread (see settle),
+        once at most WRITE_AHEAD - 1 other writes are under way."""
         if not later:
             self.seal_and_write(file, records, start, locs)
             return
         future = _writer().submit(self.seal_and_write, file, records, start, locs)
         self.writes.append((slot, start, start + len(records), future))
+        self.wait_until(WRITE_AHEAD)
 
     def seal_and_write(self, file: Path, records: np.ndarray, start: int, locs: np.ndarray) -> None:
         self.layout.seal(records, locs)
