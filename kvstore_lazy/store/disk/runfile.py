@@ -257,7 +257,10 @@ def _pad_blocks(nbytes: int, block_bytes: int) -> int:
 
 def write_all(fd: int, data) -> None:
     """os.write until every byte is written (the one place a run's bytes go out: a test fails it)."""
-    view = memoryview(data).cast("B")
+    view = memoryview(data)
+    if not view.nbytes:      # nothing left to write (a run whose entries filled its last write exactly)
+        return
+    view = view.cast("B")
     while len(view):
         view = view[os.write(fd, view):]
 
