@@ -374,7 +374,7 @@ def load_snapshot(directory: str | os.PathLike, rank: int, pieces: bool = False)
     for seq, path in deltas:
         assert chain is not None
         delta_manifest, sha = _checked_delta(path, seq, chain)
-        (_collect_delta_keys if pieces else _read_delta_keys)(path, delta_manifest, tables, disks, changes, pieces)
+        _read_delta_keys(path, delta_manifest, tables, disks, changes, pieces)
         server = delta_manifest.get("server", {})
         chain = dict(chain, seq=seq, sha256=sha,
                      delta_bytes=chain["delta_bytes"] + sum(f.stat().st_size for f in path.iterdir()))
@@ -420,36 +420,13 @@ def _checked_delta(path: Path, seq: int, chain: dict) -> tuple[dict, str]:
 
 
 def _read_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict,
-                     changes: dict[int, tuple[str, dict]], pieces: bool = False) -> None:
-    """Read every key file of one delta (checked against its checksum) into `changes`, folding it on what the
-    earlier deltas made of the key; with `pieces`, a whole key's (mode full) per-row arrays in pieces, as a
-    base's."""
-    for k, info in delta_manifest["keys"].items():
-        file = paths.key_file(path, int(k))
-        if not file.exists() or file_digest(file)[0] != info.get("sha256"):
-            raise SnapshotError(f"{file}: missing or corrupted (checksum differs from its manifest); refusing "
-                                f"to load")
-        table, key = dict(_read_key(file, info, pieces and info.get("mode") != "delta"), meta=info), int(k)
-        disks[key] = _disk_of(path, k, info)       # the newest snapshot's disk tier is the key's
-        if info.get("mode") != "delta":
-            # the key whole: it takes the base's place, and the deltas after it fold among themselves (arrays)
-            # before they fold onto it once, as onto a base (its members in pieces are read once, in order)
-            table["meta"] = {name: value for name, value in info.items() if name != "mode"}
-            tables[key] = table
-            changes.pop(key, None)
-        elif key in changes:
-            mode, older = changes[key]
-            changes[key] = (mode, _fold(older, table, base=mode == "full"))
-        elif key in tables:
-            changes[key] = ("delta", table)
-        else:
-            raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
-
-def _collect_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: dict, changes: dict,
-                        pieces: bool = True) -> None:
-    """:func:`_read_delta_keys` in pieces: every key file of one delta checked and opened with its per-row members
-    in pieces, the deltas of a key collected (``changes[key] = ("deltas", [tables])``) to be folded at once onto
-    its base (:func:`_fold_all`); a key written whole takes its base's place."""
+                     changes: dict[int, tuple[str, Any]], pieces: bool = False) -> None:
+    """Read every key file of one delta (checked against its checksum) into `changes`. A key written whole (mode
+    full) takes its base's place in `tables`, and the deltas after it fold among themselves before they fold onto it
+    once, as onto a base. A delta of a key: without `pieces`, folded on what the earlier deltas made of the key
+    (``changes[key] = (mode, table)``); with `pieces` (every per-row member read in pieces), collected
+    (``changes[key] = ("deltas", [tables])``) to be folded at once onto its base (:func:`_fold_all`), each member
+    then read once, in order."""
     for k, info in delta_manifest["keys"].items():
         file = paths.key_file(path, int(k))
         if not file.exists() or file_digest(file)[0] != info.get("sha256"):
@@ -461,10 +438,15 @@ def _collect_delta_keys(path: Path, delta_manifest: dict, tables: dict, disks: d
             table["meta"] = {name: value for name, value in info.items() if name != "mode"}
             tables[key] = table
             changes.pop(key, None)
-        elif key in tables:
-            changes.setdefault(key, ("deltas", []))[1].append(table)
-        else:
+        elif key not in tables:
             raise SnapshotError(f"{file}: a delta of key {key}, which neither the base nor an earlier delta has")
+        elif pieces:
+            changes.setdefault(key, ("deltas", []))[1].append(table)
+        elif key in changes:
+            mode, older = changes[key]
+            changes[key] = (mode, _fold(older, table, base=mode == "full"))
+        else:
+            changes[key] = ("delta", table)
 
 
 def _read_delta_manifest(path: Path) -> tuple[dict, str]:
