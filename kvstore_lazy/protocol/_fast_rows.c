@@ -31,6 +31,32 @@ static inline uint64_t home_bucket(uint64_t row_id, unsigned long long shift) {
     return (((row_id >> 31) ^ row_id) * MULT) >> shift;
 }
 
+/* The rows a kernel touches lie at random places of tables larger than the caches, each a miss; they overlap when a
+   loop asks for them ahead, in stages (store/kernels.h PREFETCH): row i + 3 * AHEAD's home bucket, then the row id
+   of the slot in row i + 2 * AHEAD's bucket (the bucket is in the cache by then), then row i + AHEAD is probed (both
+   are) and its weight row asked for, and row i is copied (it is there). A prefetch changes no result. */
+#define AHEAD 8
+
+static inline int64_t bucket_at(const void *table, int wide, uint64_t pos) {
+    return wide ? ((const int64_t *)table)[pos] : ((const int32_t *)table)[pos];
+}
+
+/* Every cache line of a row of `row_bytes` at p, at most 4 (the hardware prefetcher follows a longer row). */
+static inline void prefetch_row(const char *p, Py_ssize_t row_bytes) {
+    __builtin_prefetch(p, 0);
+    for (Py_ssize_t at = 64; at < row_bytes && at < 256; at += 64) __builtin_prefetch(p + at, 0);
+}
+
+/* A row's bytes: the common row sizes as fixed-size copies the compiler inlines, not a library call per row. */
+static inline void copy_row(char *dst, const char *src, Py_ssize_t row_bytes) {
+    switch (row_bytes) {
+    case 64: memcpy(dst, src, 64); break;
+    case 128: memcpy(dst, src, 128); break;
+    case 256: memcpy(dst, src, 256); break;
+    default: memcpy(dst, src, (size_t)row_bytes);
+    }
+}
+
 PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 && nargs != 9) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 or 9 arguments"); return NULL; }
     unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
@@ -76,61 +102,76 @@ PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     memcpy(&master, kb, 8);
     Py_ssize_t nrows = nkeys - 1, absent = 0;
     slots = PyMem_Malloc((size_t)nrows * sizeof(int64_t));
-    if (slots == NULL) { PyErr_NoMemory(); goto release; }
+    payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
+    if (slots == NULL || payload == NULL) { if (slots == NULL) PyErr_NoMemory(); goto release; }
+    char *dst = PyBytes_AsString(payload);
+    const char *rows = weights.buf;
     const uint64_t *slot_ids = ids.buf;
+    const void *buckets = table.buf;
     int wide = table.itemsize == 8;
     uint64_t mask = (uint64_t)nbuckets - 1;
-    for (Py_ssize_t i = 0; i < nrows; i++) {     /* check and probe every row before building anything */
+    /* One pass, in the stages above: row c = i + AHEAD is checked (the row keys strictly increasing from the master
+       key on, local ids below local_rows: else the general path decides) and probed, row i copied (or, absent, given
+       its initial value with `fill`, else zeros for the caller to fill in). The keys of rows further ahead are only
+       hashed for a prefetch, which reads nothing that could be out of bounds. */
+    for (Py_ssize_t i = -3 * AHEAD; i < nrows; i++) {
+        Py_ssize_t a = i + 3 * AHEAD, b = i + 2 * AHEAD, c = i + AHEAD;
         uint64_t key;
-        if (i + 8 < nrows) {   /* the home bucket 8 rows ahead (store/kernels.c PREFETCH: the misses overlap) */
-            memcpy(&key, kb + 8 * (i + 9), 8);
-            uint64_t ahead = key - master + row_offset;
-            __builtin_prefetch((const char *)table.buf + home_bucket(ahead, shift) * table.itemsize, 0);
+        if (a >= 0 && a < nrows) {
+            memcpy(&key, kb + 8 * (a + 1), 8);
+            __builtin_prefetch((const char *)buckets + home_bucket(key - master + row_offset, shift) * table.itemsize, 0);
         }
-        memcpy(&key, kb + 8 * (i + 1), 8);
-        if (key < master || (i && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
-        previous = key;
-        uint64_t row_id = key - master + row_offset;
-        uint64_t pos = home_bucket(row_id, shift);
-        int64_t slot;
-        for (;;) {
-            slot = wide ? ((const int64_t *)table.buf)[pos] : ((const int32_t *)table.buf)[pos];
-            if (slot < 0) break;
-            if (slot < nslots && slot_ids[slot] == row_id) break;
-            pos = (pos + 1) & mask;
+        if (b >= 0 && b < nrows) {
+            memcpy(&key, kb + 8 * (b + 1), 8);
+            int64_t ahead = bucket_at(buckets, wide, home_bucket(key - master + row_offset, shift));
+            if (ahead >= 0 && ahead < nslots) __builtin_prefetch(slot_ids + ahead, 0);
         }
-        if (slot >= 0 && (slot + 1) * row_bytes > weights.len) goto fallback;
-        slots[i] = slot < 0 ? -1 : slot;
-        absent += slot < 0;
-    }
-    char *dst;
-    if (absent && !fill) {
-        payload = PyByteArray_FromStringAndSize(NULL, nrows * row_bytes);
-        missing = PyBytes_FromStringAndSize(NULL, absent * 8);
-        missing_ids = PyBytes_FromStringAndSize(NULL, absent * 8);
-        if (payload == NULL || missing == NULL || missing_ids == NULL) goto release;
-        dst = PyByteArray_AsString(payload);
-    } else {
-        payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
-        if (payload == NULL) goto release;
-        dst = PyBytes_AsString(payload);
-    }
-    const char *rows = weights.buf;
-    int64_t *positions = absent && !fill ? (int64_t *)PyBytes_AsString(missing) : NULL;
-    int64_t *local_ids = absent && !fill ? (int64_t *)PyBytes_AsString(missing_ids) : NULL;
-    for (Py_ssize_t i = 0; i < nrows; i++) {
-        if (i + 8 < nrows && slots[i + 8] >= 0) __builtin_prefetch(rows + slots[i + 8] * row_bytes, 0);
+        if (c >= 0 && c < nrows) {
+            memcpy(&key, kb + 8 * (c + 1), 8);
+            if (key < master || (c && key <= previous) || key - master >= (uint64_t)local_rows) goto fallback;
+            previous = key;
+            uint64_t row_id = key - master + row_offset;
+            uint64_t pos = home_bucket(row_id, shift);
+            int64_t slot;
+            for (;;) {
+                slot = bucket_at(buckets, wide, pos);
+                if (slot < 0) break;
+                if (slot < nslots && slot_ids[slot] == row_id) break;
+                pos = (pos + 1) & mask;
+            }
+            if (slot >= 0 && (slot + 1) * row_bytes > weights.len) goto fallback;
+            slots[c] = slot < 0 ? -1 : slot;
+            if (slot >= 0) prefetch_row(rows + slot * row_bytes, row_bytes);
+        }
+        if (i < 0) continue;
         if (slots[i] >= 0) {
-            memcpy(dst + i * row_bytes, rows + slots[i] * row_bytes, (size_t)row_bytes);
+            copy_row(dst + i * row_bytes, rows + slots[i] * row_bytes, row_bytes);
         } else {
-            uint64_t key;
-            memcpy(&key, kb + 8 * (i + 1), 8);
+            absent++;
             if (fill) {
+                memcpy(&key, kb + 8 * (i + 1), 8);
                 uniform_row(dst + i * row_bytes, row_bytes / 4, 4, key - master + row_offset, fill_state, fill_span,
                             fill_low);
-                continue;
+            } else {
+                memset(dst + i * row_bytes, 0, (size_t)row_bytes);
             }
-            memset(dst + i * row_bytes, 0, (size_t)row_bytes);
+        }
+    }
+    if (absent && !fill) {
+        /* rows the caller fills in: the payload as a bytearray it can write (a copy: the rare path), with the
+           rows' positions and local ids */
+        PyObject *writable = PyByteArray_FromStringAndSize(dst, nrows * row_bytes);
+        missing = PyBytes_FromStringAndSize(NULL, absent * 8);
+        missing_ids = PyBytes_FromStringAndSize(NULL, absent * 8);
+        Py_DECREF(payload);
+        payload = writable;
+        if (payload == NULL || missing == NULL || missing_ids == NULL) goto release;
+        int64_t *positions = (int64_t *)PyBytes_AsString(missing);
+        int64_t *local_ids = (int64_t *)PyBytes_AsString(missing_ids);
+        for (Py_ssize_t i = 0; i < nrows; i++) {
+            if (slots[i] >= 0) continue;
+            uint64_t key;
+            memcpy(&key, kb + 8 * (i + 1), 8);
             *positions++ = i;
             *local_ids++ = (int64_t)(key - master);
         }
@@ -223,8 +264,13 @@ PyObject *ensure_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t *slots = out.buf;
     int wide = itemsize == 8;
     Py_ssize_t absent = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (i + 8 < k) __builtin_prefetch((const char *)table.buf + home_bucket(id[i + 8], shift) * itemsize, 0);
+    for (Py_ssize_t i = 0; i < k; i++) {   /* (the stages of gather_rows: buckets, then row ids, ahead) */
+        if (i + 2 * AHEAD < k)
+            __builtin_prefetch((const char *)table.buf + home_bucket(id[i + 2 * AHEAD], shift) * itemsize, 0);
+        if (i + AHEAD < k) {
+            int64_t ahead = bucket_at(table.buf, wide, home_bucket(id[i + AHEAD], shift));
+            if (ahead >= 0 && ahead < n) __builtin_prefetch(slot_ids + ahead, 0);
+        }
         uint64_t pos = home_bucket(id[i], shift);
         int64_t slot;
         for (;;) {

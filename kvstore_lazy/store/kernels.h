@@ -22,10 +22,19 @@
 static inline int64_t home(uint64_t id, unsigned shift) { return (int64_t)((((id >> 31) ^ id) * MULT) >> shift); }
 
 /* The rows and buckets a kernel touches lie at random places of tables larger than the caches, each a miss: a
- * kernel asks for the ones PREFETCH iterations ahead (a row's first cache line: the hardware prefetcher follows a
- * longer row), so the misses overlap instead of following one another. A prefetch changes no result. */
+ * kernel asks for the ones PREFETCH iterations ahead, so the misses overlap instead of following one another. A row
+ * is asked for whole, up to PREFETCH_BYTES (the hardware prefetcher follows a longer row): its second line is a
+ * miss of its own otherwise (D=32 float32 rows are two lines), which the update then waits for. A prefetch changes
+ * no result. */
 #define PREFETCH 8
-#define PREFETCH_ROW(base, slots, i, n, cols) \
-    do { if ((i) + PREFETCH < (n)) __builtin_prefetch((base) + (slots)[(i) + PREFETCH] * (cols), 1); } while (0)
+#define PREFETCH_BYTES 256
+#define PREFETCH_ROW(base, slots, i, n, cols)                                                                   \
+    do {                                                                                                        \
+        if ((i) + PREFETCH < (n)) {                                                                             \
+            const char *row_ = (const char *)((base) + (slots)[(i) + PREFETCH] * (cols));                       \
+            int64_t bytes_ = (int64_t)(cols) * (int64_t)sizeof(*(base));                                        \
+            for (int64_t at_ = 0; at_ < bytes_ && at_ < PREFETCH_BYTES; at_ += 64) __builtin_prefetch(row_ + at_, 1); \
+        }                                                                                                       \
+    } while (0)
 
 #endif
