@@ -119,6 +119,35 @@ def test_gather_rows_hands_back_what_it_does_not_take():
         native.gather_rows(b"\0" * 16, buckets, slot_ids, 0, weights, 0, 10, 12)
 
 
+def test_gather_rows_hands_over_the_slots_it_found():
+    """slots_out: each row's slot as RowTable.lookup gives it (-1 for a row not in the table), with or without a
+    fill; a buffer of the wrong size is an error, and a pull it does not take writes nothing."""
+    table = table_of([3, 10, 11, 500])
+    buckets, slot_ids, shift, weights = table.probe_arrays()
+    frame = np.asarray([100, 101, 103, 104, 108, 109], np.uint64).tobytes()   # row ids 3, 5, 6, 10, 11
+    for fill in (None, ki.UniformRows(-0.07, 0.07).compiled_fill(1, 2)):
+        slots = np.full(5, 77, np.int64)
+        got = native.gather_rows(frame, buckets, slot_ids, shift, weights, 2, 1 << 62, 12, fill, slots)
+        assert got is not None
+        assert slots.tolist() == table.lookup([3, 5, 6, 10, 11]).tolist()
+    with pytest.raises(ValueError):
+        native.gather_rows(frame, buckets, slot_ids, shift, weights, 2, 1 << 62, 12, None, np.empty(4, np.int64))
+    slots = np.full(2, 77, np.int64)
+    unsorted = np.asarray([100, 103, 101], np.uint64).tobytes()
+    assert native.gather_rows(unsorted, buckets, slot_ids, shift, weights, 0, 1 << 62, 12, None, slots) is None
+    assert slots.tolist() == [77, 77]
+
+
+def test_same_bytes():
+    frame = np.arange(8193, dtype=np.uint64).tobytes()
+    assert native.same_bytes(memoryview(frame), bytearray(frame))
+    assert native.same_bytes(b"", b"")
+    assert not native.same_bytes(frame, frame[:-1])
+    changed = bytearray(frame)
+    changed[-1] ^= 1
+    assert not native.same_bytes(frame, changed)
+
+
 @settings(max_examples=120, deadline=None)
 @given(seed=st.integers(-(1 << 70), 1 << 70), key=st.integers(0, 1 << 40),
        ids=st.lists(uint64, max_size=40), cols=st.integers(1, 40),

@@ -361,3 +361,56 @@ def test_row_sparse_pushes_the_fast_path_leaves_to_the_general_path():
     async_pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
     async_pair.send(w0.rsp_push(7, [1], one), pushed=False)
     async_pair.check_same_state()
+
+
+def test_async_pushes_take_their_rows_slots_from_the_pull_before_them():
+    """dist_async: a worker's push of the rows it just pulled updates them at the slots the pull found (rows made by
+    another worker's push in between are looked up again); another set of rows, a removal in between, dist_sync or
+    a key with a row policy: looked up as usual. The same replies and state as the general path throughout."""
+    pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
+    pair.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))                       # dist_async
+    pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42)))
+    pair.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
+    rng = np.random.default_rng(5)
+
+    def grad(ids):
+        return rng.standard_normal((len(ids), 4)).astype(np.float32)
+
+    def step(w, pulled, pushed, reused: bool) -> None:
+        before = pair.fast.fast.reused
+        pair.send(w.rsp_pull(7, pulled))
+        pair.send(w.rsp_push(7, pushed, grad(pushed)), pushed=True)
+        assert pair.fast.fast.reused - before == int(reused)
+        pair.check_same_state()
+
+    step(w0, [1, 5, 9], [1, 5, 9], True)                  # rows not in the table at the pull: made by the push
+    step(w0, [1, 5, 9], [1, 5, 9], True)
+    pair.send(w0.rsp_pull(7, [1, 5, 12, 30]))
+    step(w1, [5, 12, 40], [5, 12, 40], True)              # w1 makes row 12 between w0's pull and push
+    before = pair.fast.fast.reused
+    pair.send(w0.rsp_push(7, [1, 5, 12, 30], grad([1, 5, 12, 30])), pushed=True)
+    assert pair.fast.fast.reused - before == 1
+    pair.check_same_state()
+    step(w0, [1, 5], [1, 5, 9], False)                    # other rows than the pull's
+    pair.send(w1.rsp_pull(7, [1, 9, 40]))
+    for server in (pair.fast, pair.reference):            # a removal (as an eviction's) moves the last rows
+        table = server.keys[7]._table
+        table.remove_slots(table.lookup(np.asarray([5], np.uint64)))
+    before = pair.fast.fast.reused
+    pair.send(w1.rsp_push(7, [1, 9, 40], grad([1, 9, 40])), pushed=True)
+    assert pair.fast.fast.reused == before
+    pair.check_same_state()
+    step(w1, [1, 9, 40], [1, 9, 40], True)
+    pair.fast.sync_mode = pair.reference.sync_mode = True
+    pair.fast.num_workers = pair.reference.num_workers = 1
+    step(w0, [1, 5, 9], [1, 5, 9], False)                 # dist_sync: its round's rows are looked up
+    policy = Pair()
+    policy.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))
+    policy.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42,
+                                                              admit_min_count=2)))
+    policy.send(w0.rsp_push(7, [], np.zeros((0, 4), np.float32)))
+    for _ in range(3):
+        policy.send(w0.rsp_pull(7, [2, 3]))
+        policy.send(w0.rsp_push(7, [2, 3], grad([2, 3])), pushed=True)
+        policy.check_same_state()
+    assert policy.fast.fast.reused == 0 and not policy.fast.fast._pulled

@@ -321,6 +321,20 @@ def test_ensure_mixes_present_and_absent_in_any_order():
     assert table.weights(slots)[:, 0].tolist() == [2.0, 1.0, 2.0, 1.0]
 
 
+def test_moves_counts_removals():
+    """RowTable.moves: slots a caller kept are those of the same rows while it is what it was (RowSparseKey
+    .slot_token); adding rows or states leaves it, a removal (rows move into the freed slots) changes it."""
+    table = RowTable(2, np.float32, 1)
+    table.ensure([5, 9, 11], lambda ids: np.full((len(ids), 2), 1.0))
+    table.ensure(np.arange(100, 3000), lambda ids: np.full((len(ids), 2), 1.0))   # growth and rehash too
+    table.set_num_states(2)
+    assert table.moves == 0
+    table.remove_slots([0])
+    assert table.moves == 1
+    table.remove_slots([])
+    assert table.moves == 1
+
+
 def test_set_num_states_resets_states():
     table = RowTable(ROW, np.float32, num_states=1)
     slots = table.ensure([1, 2], lambda ids: np.ones((2, ROW)))

@@ -11,7 +11,8 @@ The units, one concern each (each opens by saying what it owns):
   _fast.h           what they share: the limited API, the headers, the functions of the method table below
   _fast.c           this file: the module, its method table and the digest of its sources
   _fast_pbmeta.c    the PBMeta codec (decode_meta, encode_meta)
-  _fast_checks.c    a row_sparse request's frames checked in one pass (sorted_rows, row_lens, row_push)
+  _fast_checks.c    a row_sparse request's frames checked in one pass (sorted_rows, row_lens, row_push), two
+                    frames compared (same_bytes)
   _fast_rows.c      a pull's rows gathered from a row table, a round's new rows made in it (gather_rows, ensure_rows)
   _fast_uniform.h   one row of the counter-based uniform initial values, inline where rows are made
   _fast_uniform.c   uniform_rows
@@ -54,6 +55,7 @@ static PyMethodDef methods[] = {
      "kernels.merge_rows of a round as bytearrays, or None."},
     {"row_push", (PyCFunction)(void (*)(void))row_push, METH_FASTCALL,
      "A row_sparse push's (local_ids, row_size, master key) if its frames are what a worker sends, else None."},
+    {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL, "Whether two buffers hold the same bytes."},
     {"parse_float32", parse_float32, METH_O, "optimizers._dmlc_parse(text, float32) of str(float)'s text, or None."},
     {"digest", digest, METH_NOARGS, "The SHA-256 of the sources (_fast.c and its units) this module was built from."},
     {NULL, NULL, 0, NULL},

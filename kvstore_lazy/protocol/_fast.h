@@ -20,10 +20,11 @@ FAST_INTERNAL int fast_pbmeta_init(void);
 FAST_INTERNAL PyObject *decode_meta(PyObject *self, PyObject *arg);
 FAST_INTERNAL PyObject *encode_meta(PyObject *self, PyObject *dict);
 
-/* _fast_checks.c: a row_sparse request's frames checked in one pass */
+/* _fast_checks.c: a row_sparse request's frames checked in one pass, two frames compared */
 FAST_INTERNAL PyObject *sorted_rows(PyObject *self, PyObject *arg);
 FAST_INTERNAL PyObject *row_lens(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 FAST_INTERNAL PyObject *row_push(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+FAST_INTERNAL PyObject *same_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _fast_rows.c: a pull's rows gathered from a row table, a round's new rows made in it */
 FAST_INTERNAL PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -2,8 +2,8 @@
    instead of a few numpy calls.
 
    Owns: sorted_rows, row_lens and row_push: True (or the decoded ids) when the frames are what a worker sends,
-   False (None) for anything the Python checks must look at: they name what is wrong. Nothing here raises on a
-   peer's bytes. Does not own: what a request means (protocol/kv.py, server/). */
+   False (None) for anything the Python checks must look at: they name what is wrong; same_bytes, two frames
+   compared. Nothing here raises on a peer's bytes. Does not own: what a request means (protocol/kv.py, server/). */
 #include "_fast.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -105,4 +105,17 @@ done:
     PyBuffer_Release(&keys);
     PyBuffer_Release(&lens);
     return result;
+}
+
+/* same_bytes(a, b): whether two buffers hold the same bytes (one memcmp: a memoryview's == compares item by item,
+   ~60 times slower for a 64 KiB keys frame). */
+PyObject *same_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "same_bytes takes 2 arguments"); return NULL; }
+    Py_buffer a, b;
+    if (PyObject_GetBuffer(args[0], &a, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&a); return NULL; }
+    int same = a.len == b.len && (a.len == 0 || memcmp(a.buf, b.buf, (size_t)a.len) == 0);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(same);
 }

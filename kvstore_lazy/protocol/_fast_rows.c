@@ -9,7 +9,7 @@
 #include "_fast_uniform.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
-   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes[, fill])
+   gather_rows(keys, table, slot_ids, shift, weights, row_offset, local_rows, row_bytes[, fill[, slots_out]])
        -> (payload, lens, missing, missing_ids) or None
 
    A row_sparse pull answered from the rows in memory: `keys` is the request's keys frame (uint64 little-endian:
@@ -23,7 +23,9 @@
    and `missing_ids` their local ids (int64 bytes each), for the caller to fill in from server/keys.py, which decides
    what a row not in memory is. With `fill` (key_state, span, low), which that caller hands over when a row not in
    memory is its initial value (RowSparseKey.absent_fill), such rows get uniform_rows' values of their row id
-   (local id + row_offset) here instead: payload is bytes, `missing` their number and missing_ids None. */
+   (local id + row_offset) here instead: payload is bytes, `missing` their number and missing_ids None. With
+   `slots_out` (a writable buffer of one int64 per row), each row's slot (-1: not in the table) is written there
+   when the pull is answered, for a caller that reuses them (server/fastpath.py: the worker's push of the same rows). */
 
 #define MULT 0xBF58476D1CE4E5B9ULL   /* RowIndex's hash (store/kernels.h home()): tests compare the two */
 
@@ -58,12 +60,15 @@ static inline void copy_row(char *dst, const char *src, Py_ssize_t row_bytes) {
 }
 
 PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 && nargs != 9) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 or 9 arguments"); return NULL; }
+    if (nargs < 8 || nargs > 10) {
+        PyErr_SetString(PyExc_TypeError, "gather_rows takes 8 to 10 arguments");
+        return NULL;
+    }
     unsigned long long shift = PyLong_AsUnsignedLongLong(args[3]);
     unsigned long long row_offset = PyLong_AsUnsignedLongLong(args[5]);
     long long local_rows = PyLong_AsLongLong(args[6]);
     Py_ssize_t row_bytes = PyLong_AsSsize_t(args[7]);
-    int fill = nargs == 9 && args[8] != Py_None;
+    int fill = nargs >= 9 && args[8] != Py_None, keep = nargs == 10 && args[9] != Py_None;
     unsigned long long fill_state = 0;
     double fill_span = 0, fill_low = 0;
     if (fill) {
@@ -80,11 +85,15 @@ PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "gather_rows: bad shift or row size");
         return NULL;
     }
-    Py_buffer keys, table, ids, weights;
+    Py_buffer keys, table, ids, weights, kept;
     PyObject *result = NULL, *payload = NULL, *lens = NULL, *missing = NULL, *missing_ids = NULL;
     int64_t *slots = NULL;
     int got = 0;
-    if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) return NULL;
+    if (keep && PyObject_GetBuffer(args[9], &kept, PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[0], &keys, PyBUF_SIMPLE) < 0) {
+        if (keep) PyBuffer_Release(&kept);
+        return NULL;
+    }
     got = 1;
     if (PyObject_GetBuffer(args[1], &table, PyBUF_SIMPLE) < 0) goto release;
     got = 2;
@@ -101,6 +110,10 @@ PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t master, previous = 0;
     memcpy(&master, kb, 8);
     Py_ssize_t nrows = nkeys - 1, absent = 0;
+    if (keep && kept.len != nrows * 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_rows: slots_out is not one int64 per row");
+        goto release;
+    }
     slots = PyMem_Malloc((size_t)nrows * sizeof(int64_t));
     payload = PyBytes_FromStringAndSize(NULL, nrows * row_bytes);
     if (slots == NULL || payload == NULL) { if (slots == NULL) PyErr_NoMemory(); goto release; }
@@ -178,6 +191,7 @@ PyObject *gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     lens = PyBytes_FromStringAndSize(NULL, nkeys * 4);
     if (lens == NULL) goto release;
+    if (keep) memcpy(kept.buf, slots, (size_t)nrows * sizeof(int64_t));
     int32_t *len_out = (int32_t *)PyBytes_AsString(lens), elems = (int32_t)(row_bytes / 4);
     len_out[0] = 0;
     for (Py_ssize_t i = 1; i < nkeys; i++) memcpy(len_out + i, &elems, 4);
@@ -207,6 +221,7 @@ release:
     if (got >= 3) PyBuffer_Release(&ids);
     if (got >= 2) PyBuffer_Release(&table);
     PyBuffer_Release(&keys);
+    if (keep) PyBuffer_Release(&kept);
     return result;
 }
 

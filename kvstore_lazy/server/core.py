@@ -249,9 +249,10 @@ class KVServer:
             raise BadRequest(request.key, f"{what} {'push' if request.push else 'pull'} to a {entry.kind} key")
         return entry
 
-    def train_push(self, request: DataRequest, entry: Key, grad) -> list[tuple[int, Message]]:
+    def train_push(self, request: DataRequest, entry: Key, grad, slots=None) -> list[tuple[int, Message]]:
         """A training push: into the key's dist_sync round, or applied at once (dist_async); the answers due. The
-        general path's and the fast path's pushes (``fastpath.Server``) both end here."""
+        general path's and the fast path's pushes (``fastpath.Server``) both end here. `slots`: a dist_async row
+        push's rows' slots as the worker's pull of them found them (``RowSparseKey.apply``)."""
         if self.sync_mode:
             done = entry.round.add(request, grad, entry.merge, self.num_workers)
             if done is None:
@@ -262,7 +263,8 @@ class KVServer:
                 raise BadRequest(request.key, "dist_async push with no optimizer set (the stock server aborts: "
                                               "'Updater needs to be set for async mode')")
             requests = [request]
-        self.lifecycle.apply(entry, grad, self.optimizer, self.sync_mode, self.keys)
+        self.lifecycle.apply(entry, grad, self.optimizer, self.sync_mode, self.keys,
+                             None if self.sync_mode else slots)
         if isinstance(entry, DenseKey):
             return [wire.value_reply(r, entry.pull(entry.dtype)) if r.pull else wire.reply(r.sender, r.meta)
                     for r in requests]

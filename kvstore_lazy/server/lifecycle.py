@@ -341,16 +341,20 @@ class Lifecycle:
         """The runtime's clock tick (journaled; see the module docstring). The clock never goes back."""
         self.clock = max(self.clock, float(seconds))
 
-    def apply(self, entry, grad, optimizer, sync: bool, keys: dict) -> None:
+    def apply(self, entry, grad, optimizer, sync: bool, keys: dict, slots=None) -> None:
         """Apply one update to ``entry`` (a merged round or an async push) and, at an eviction point, run the key's
         TTL sweep and the budget. With ``defer`` the budget's pass is left for :meth:`run_due`: the server runs it
         after the round's replies are sent and in any case before it handles anything else, so the same rows go at
         the same point of the request stream (only the workers stop waiting for it: with a disk tier a pass that
-        demotes a tenth of the budget takes tens of ms)."""
+        demotes a tenth of the budget takes tens of ms). ``slots``: the rows' slots a pull found, for a row_sparse
+        key with no policy (``RowSparseKey.apply``)."""
         self.keys = keys
         policy = getattr(entry, "policy", None)
         if policy is None:
-            entry.apply(grad, optimizer, sync)
+            if slots is None:
+                entry.apply(grad, optimizer, sync)
+            else:
+                entry.apply(grad, optimizer, sync, slots)
             return
         policy.begin(sync)
         entry.apply(grad, optimizer, sync)

@@ -246,6 +246,7 @@ class RowTable:
         self._removed: list[np.ndarray] = []
         self._removed_n = 0                 # ids in _removed
         self._removed_lost = False          # too many were removed to keep them (changes_complete)
+        self.moves = 0        # removals so far: slots a caller kept are those of the same rows while it is unchanged
 
     @property
     def num_states(self) -> int:
@@ -346,6 +347,7 @@ class RowTable:
             return np.zeros(0, np.uint64)
         n = len(self)
         ids = self._index.ids_at(self._slots(slots)).copy()
+        self.moves += 1
         holes, movers = self._index.remove(slots)
         for arena in self._all_arenas():
             kernels.move_rows(arena.array, holes, movers)   # row by row in place: no temporary copy

@@ -130,10 +130,13 @@ class RowSparseKey(RowKeySnapshots):
                 merged = kernels.merge_rows(merged[0], merged[1], local_ids, values)
         return merged
 
-    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True) -> None:
+    def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True,
+              slots: np.ndarray | None = None) -> None:
         """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the
         updater (stock's ApplyUpdates does: the update is counted, and under dense semantics every row moves); an
-        async push without rows changes nothing (stock answers it)."""
+        async push without rows changes nothing (stock answers it). `slots`: the rows' slots as a lookup found them
+        under the :meth:`slot_token` the key has now (-1: not in the table then), for a key that
+        :meth:`reuses_slots`: only those -1 are looked up again (``RowTable.ensure``'s ``known``)."""
         local_ids, values = grad
         if len(local_ids) == 0:
             if sync and optimizer is not None:
@@ -155,7 +158,8 @@ class RowSparseKey(RowKeySnapshots):
             if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
                 # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
                 row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
-        slots = self._slots_for(row_ids, promoted=True)
+        known = slots if self.reuses_slots() else None
+        slots = self._slots_for(row_ids, promoted=True, known=known)
         self._update(slots, values, optimizer)
         if self.policy is not None:
             self.policy.pushed(self._table, slots)
@@ -283,6 +287,18 @@ class RowSparseKey(RowKeySnapshots):
         if self.policy is not None or self.disk is not None or self.dense():
             return None
         return self._compiled_fill
+
+    def reuses_slots(self) -> bool:
+        """Whether an update may take its rows' slots as a pull's lookup found them (:meth:`apply`'s `slots`): a
+        key whose rows enter the table only through :meth:`_slots_for` and leave it only by a removal
+        (``RowTable.moves``): no row policy (admission drops rows), no disk tier (rows come back first), no dense
+        semantics (its own update path)."""
+        return self.policy is None and self.disk is None and self.history is None
+
+    def slot_token(self) -> tuple:
+        """What the slots a lookup finds now stay valid under: this table, and its removals so far (a removal
+        moves rows into the freed slots; a new table, multi-precision's, has other slots)."""
+        return self._table, self._table.moves
 
     def resident_rows(self) -> tuple | None:
         """For the compiled pull path (server/fastpath.py): (RowTable.probe_arrays(), row_offset, local_rows) if a

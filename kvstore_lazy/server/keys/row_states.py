@@ -37,9 +37,18 @@ class RowKeyStates(RowKeyDisk):
     def _zeros(self, row_ids: np.ndarray) -> np.ndarray:
         return np.zeros((len(row_ids), self.row_size), self._table.dtype)
 
-    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None, promoted: bool = False) -> np.ndarray:
+    def _slots_for(self, row_ids: np.ndarray, make_rows: Callable | None = None, promoted: bool = False,
+                   known: np.ndarray | None = None) -> np.ndarray:
         """Slots of `row_ids`, creating absent rows with their initial values (or `make_rows`); rows on disk come
-        back first (unless the caller brought them back: `promoted`)."""
+        back first (unless the caller brought them back: `promoted`). `known`: their slots as a lookup found them
+        while the table's ``moves`` were what they are now (-1: absent then): only the -1 ones are looked up again
+        (a row made since is found), and the absent ones made in their order, as a lookup of all would make them."""
+        if known is not None:
+            if (known >= 0).all():
+                return known
+            slots, again = known.copy(), known < 0
+            slots[again] = self._slots_for(row_ids[again], make_rows, promoted)
+            return slots
         if not promoted:
             self._promote(row_ids)
         before = len(self._table)
