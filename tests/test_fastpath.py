@@ -363,10 +363,11 @@ def test_row_sparse_pushes_the_fast_path_leaves_to_the_general_path():
     async_pair.check_same_state()
 
 
-def test_async_pushes_take_their_rows_slots_from_the_pull_before_them():
-    """dist_async: a worker's push of the rows it just pulled updates them at the slots the pull found (rows made by
-    another worker's push in between are looked up again); another set of rows, a removal in between, dist_sync or
-    a key with a row policy: looked up as usual. The same replies and state as the general path throughout."""
+def test_pushes_take_their_rows_slots_from_the_pull_before_them():
+    """A worker's push of the rows it just pulled updates them at the slots the pull found (rows made by another
+    worker's push in between are looked up again; in dist_sync its round merges them); another set of rows, a
+    removal in between or a key with a row policy: looked up as usual. The same replies and state as the general
+    path throughout."""
     pair, w0, w1 = Pair(), Requests(WORKER0), Requests(WORKER1)
     pair.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))                       # dist_async
     pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42)))
@@ -401,9 +402,15 @@ def test_async_pushes_take_their_rows_slots_from_the_pull_before_them():
     assert pair.fast.fast.reused == before
     pair.check_same_state()
     step(w1, [1, 9, 40], [1, 9, 40], True)
-    pair.fast.sync_mode = pair.reference.sync_mode = True
-    pair.fast.num_workers = pair.reference.num_workers = 1
-    step(w0, [1, 5, 9], [1, 5, 9], False)                 # dist_sync: its round's rows are looked up
+    pair.fast.sync_mode = pair.reference.sync_mode = True     # dist_sync: rounds of two, the slots merged
+    for pulls in ([[1, 5, 9], [5, 9, 60]], [[1, 5, 9], [2, 5]], [[3, 70], [3, 70, 71]]):
+        for w, rows_ in zip((w0, w1), pulls):
+            pair.send(w.rsp_pull(7, rows_))
+        before = pair.fast.fast.reused
+        for w, rows_ in zip((w0, w1), pulls):
+            pair.send(w.rsp_push(7, rows_, grad(rows_)), pushed=True)
+        assert pair.fast.fast.reused - before == 2
+        pair.check_same_state()
     policy = Pair()
     policy.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))
     policy.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42,

@@ -94,11 +94,39 @@ def test_a_round_is_one_pass_over_the_rows_pushed(monkeypatch):
     same(rnd.merged, by_row(pushes[:-1]))               # what inspect() and snapshots' checks read mid-round
     assert calls == [[300] * 7] and len(rnd.pushes) == 7 and rnd.pending
     calls.clear()
-    merged, requests = rnd.add("last", pushes[-1], RowSparseKey.merge, len(pushes))
+    merged, requests, slots = rnd.add("last", pushes[-1], RowSparseKey.merge, len(pushes))
     assert calls == [[300] * 8]                         # one pass: 8 x 300 rows, each read once
-    assert requests == [f"request {i}" for i in range(7)] + ["last"]
+    assert requests == [f"request {i}" for i in range(7)] + ["last"] and slots is None
     same(merged, by_row(pushes))
     assert not rnd.pending and rnd.pushes == [] and rnd.merged is None
+
+
+def test_a_round_merges_the_slots_its_pushes_came_with():
+    """Pushes with their rows' slots (as their workers' pulls found them; -1: absent then; None: not known): the
+    merged rows get the first push's slot that knows it, in the same pass, and the same merged bits as without."""
+    rng = np.random.default_rng(11)
+    pushes, slots = [], []
+    for j in range(5):
+        ids = np.sort(rng.choice(60, 25, replace=False)).astype(np.int64)
+        pushes.append((ids, rng.standard_normal((25, 3)).astype(np.float32)))
+        known = np.where(rng.random(25) < 0.3, -1, ids * 10 + 7)   # a row's slot, or -1
+        slots.append(None if j == 2 else known.astype(np.int64))
+    want = {}
+    for (ids, _), known in zip(pushes, slots):
+        for i, slot in zip(ids.tolist(), [-1] * len(ids) if known is None else known.tolist()):
+            if want.get(i, -1) < 0:
+                want[i] = slot
+    rnd = SyncRound()
+    for i, (grad, known) in enumerate(zip(pushes, slots)):
+        done = rnd.add(i, grad, RowSparseKey.merge, len(pushes), known, RowSparseKey.merge_slots)
+    merged, requests, merged_slots = done
+    same(merged, by_row(pushes))
+    assert merged_slots.tolist() == [want[i] for i in merged[0].tolist()]
+    assert requests == list(range(5)) and rnd.slots == []
+    first = push([3, 4], [[1.0], [-0.0]])
+    assert RowSparseKey.merge_slots([first], [np.array([5, -1])])[1].tolist() == [5, -1]
+    with pytest.raises(ValueError):
+        kernels.merge_round_slots([first[0]], [first[1]], [np.array([5], np.int64)])   # a slot per row
 
 
 def test_a_round_of_one_push_or_of_empty_pushes_is_the_first_push():

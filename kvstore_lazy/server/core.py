@@ -251,20 +251,21 @@ class KVServer:
 
     def train_push(self, request: DataRequest, entry: Key, grad, slots=None) -> list[tuple[int, Message]]:
         """A training push: into the key's dist_sync round, or applied at once (dist_async); the answers due. The
-        general path's and the fast path's pushes (``fastpath.Server``) both end here. `slots`: a dist_async row
-        push's rows' slots as the worker's pull of them found them (``RowSparseKey.apply``)."""
+        general path's and the fast path's pushes (``fastpath.Server``) both end here. `slots`: a row push's rows'
+        slots as the worker's pull of them found them (``RowSparseKey.apply``; a round merges them with its
+        gradients: ``RowSparseKey.merge_slots``)."""
         if self.sync_mode:
-            done = entry.round.add(request, grad, entry.merge, self.num_workers)
+            merge_slots = entry.merge_slots if slots is not None and isinstance(entry, RowSparseKey) else None
+            done = entry.round.add(request, grad, entry.merge, self.num_workers, slots, merge_slots)
             if done is None:
                 return []
-            grad, requests = done
+            grad, requests, slots = done
         else:
             if self.optimizer is None:
                 raise BadRequest(request.key, "dist_async push with no optimizer set (the stock server aborts: "
                                               "'Updater needs to be set for async mode')")
             requests = [request]
-        self.lifecycle.apply(entry, grad, self.optimizer, self.sync_mode, self.keys,
-                             None if self.sync_mode else slots)
+        self.lifecycle.apply(entry, grad, self.optimizer, self.sync_mode, self.keys, slots)
         if isinstance(entry, DenseKey):
             return [wire.value_reply(r, entry.pull(entry.dtype)) if r.pull else wire.reply(r.sender, r.meta)
                     for r in requests]

@@ -10,11 +10,12 @@ of just those rows, and put in their places: ``server.keys`` alone decides what 
 says such a row is its initial value, left absent, and the initializer's values are the compiled loop's
 (``RowSparseKey.absent_fill``: Uniform, a scalar constant), the same call fills them in. Likewise a plain dense
 push or pushpull (a gradient of a stored key's size and dtype) goes from its frames straight to the key's round
-(``KVServer.train_push``, the general path's merge, update and replies). In dist_async, a pull's rows' slots are
-kept until the same worker's next push of that key: a worker pushes the gradients of the rows it just pulled, and a
-push whose keys frame is the pull's, byte for byte, hands them to the update (``RowSparseKey.apply``'s `slots`)
-instead of looking every row up again, as long as the key's ``slot_token`` is what it was at the pull (no row
-moved since). A ~64 KiB memcmp replaces a probe of 8,192 rows of the table's index.
+(``KVServer.train_push``, the general path's merge, update and replies). A pull's rows' slots are kept until the
+same worker's next push of that key: a worker pushes the gradients of the rows it just pulled, and a push whose keys
+frame is the pull's, byte for byte, hands them on (to the update in dist_async, to its round in dist_sync, which
+merges them with the gradients: ``RowSparseKey.apply``'s `slots`) instead of the rows being looked up again, as
+long as the key's ``slot_token`` is what it was at the pull (no row moved since). A ~64 KiB memcmp replaces a probe
+of 8,192 rows of the table's index.
 Does not own: anything else. Whatever it does not take (a row_sparse push, a command, an unusual frame layout, a
 key range, alias, dtype or poison case, unsorted or out-of-range row ids) it hands back (None) before changing
 anything, and the general path decides, logs and answers. Nor the server: it reads it through :class:`Server`, the
@@ -47,7 +48,7 @@ _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW
 _I32 = struct.Struct("<i")
 _MAX_LEN = (1 << 31) - 1
 MISSING_CHUNK = 1 << 15       # rows not in memory a pull takes from its key at once (a checkpoint's piece has 262,144)
-KEEP_SLOTS = 1 << 16          # a dist_async pull of at most this many rows keeps their slots for the push that follows
+KEEP_SLOTS = 1 << 16          # a pull of at most this many rows keeps their slots for the push that follows
 _gather_rows = native.gather_rows
 _row_push = native.row_push
 _same_bytes = native.same_bytes
@@ -88,10 +89,10 @@ class FastPath:
         self.answered = 0          # pulls answered here (tests, profiles)
         self.partial = 0           # of them, pulls with rows RowSparseKey.pull made
         self.pushes = 0            # dense pushes handed to their key's round here
-        self.reused = 0            # dist_async pushes that took their rows' slots from the pull before them
+        self.reused = 0            # pushes that took their rows' slots from the pull before them
         self.touch = MATERIALIZE_ON_TOUCH
-        # (sender, key) -> (key entry, its slot_token, the pull's keys frame, the rows' slots): a dist_async pull's
-        # rows for that worker's next push of the key (see the module docstring); taken (popped) by that push
+        # (sender, key) -> (key entry, its slot_token, the pull's keys frame, the rows' slots): a pull's rows for
+        # that worker's next push of the key (see the module docstring); taken (popped) by that push
         self._pulled: dict[tuple[int, int], tuple] = {}
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
@@ -137,7 +138,7 @@ class FastPath:
         store = server.materialize == self.touch
         # rows not in the table that are their initial values, left absent: filled in by the same call
         fill = None if store else entry.absent_fill()
-        keep = not server.sync_mode and len(raw) // 8 - 1 <= KEEP_SLOTS and entry.reuses_slots()
+        keep = len(raw) // 8 - 1 <= KEEP_SLOTS and entry.reuses_slots()
         slots = np.empty(len(raw) // 8 - 1, np.int64) if keep else None
         token = entry.slot_token() if keep else None
         got = _gather_rows(raw, table, slot_ids, shift, weights, row_offset, min(local_rows, MAX_ROW_ID + 1),
@@ -225,7 +226,7 @@ class FastPath:
         they are still those rows' (the key's slot_token unchanged: no row moved since), else None; taken either
         way."""
         kept = self._pulled.pop((sender, key), None)
-        if kept is None or self.server.sync_mode:
+        if kept is None:
             return None
         pulled_entry, (table, moves), pulled_raw, slots = kept
         now_table, now_moves = entry.slot_token()

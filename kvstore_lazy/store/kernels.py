@@ -44,7 +44,7 @@ _SIGNATURES = {
     "index_remove_i32": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "index_remove_i64": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "merge_rows_f32": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr],
-    "merge_round_f32": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
+    "merge_round_f32": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
     "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
@@ -207,6 +207,15 @@ def merge_round(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray]) -> tuple[
     (each row summed over the pushes that have it in push order, ``((p0 + p1) + p2) + ...``; a row push 0 does not
     have starts from ``0 + `` its first push's row). None unless every push's rows are float32 of one width (the
     caller merges push after push). The arrays are only read."""
+    got = merge_round_slots(ids, vals, None)
+    return None if got is None else got[:2]
+
+
+def merge_round_slots(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray],
+                      slots: Sequence[np.ndarray | None] | None) -> tuple | None:
+    """:func:`merge_round` and the merged rows' slots in the same pass: ``slots[j]`` (int64, one per row of push j,
+    or None) the slots push j's rows had in the table when its worker pulled them (-1: absent then); each merged
+    row gets the first that knows it (-1 if none does). (ids, vals, slots or None) or None as merge_round."""
     if not vals:
         return None
     cols = vals[0].shape[1]
@@ -222,8 +231,16 @@ def merge_round(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray]) -> tuple[
     val_ptrs = (ctypes.c_void_p * k)(*(_addr(v) for v in vals))
     out_ids, out = np.empty(room, np.int64), np.empty((room, cols), np.float32)
     scratch = np.empty(12 * k, np.int64)
-    n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out), _addr(scratch))
-    return out_ids[:n], out[:n]
+    slot_ptrs = out_slots = None
+    if slots is not None:
+        if len(slots) != k or any(s is not None and (s.dtype != _I64 or s.shape != (c,) or not s.flags.c_contiguous)
+                                  for s, c in zip(slots, counts)):
+            raise ValueError("merge_round: slots are one contiguous int64 per row of each push, or None")
+        slot_ptrs = (ctypes.c_void_p * k)(*(None if s is None else s.ctypes.data for s in slots))
+        out_slots = np.empty(room, np.int64)
+    n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out), _addr(scratch),
+                             slot_ptrs, None if out_slots is None else _addr(out_slots))
+    return out_ids[:n], out[:n], None if out_slots is None else out_slots[:n]
 
 
 CATCHUP_RULES = ("sgd", "sgd_mom", "nag", "signum", "signsgd", "rmsprop", "rmsprop_centered", "adam")

@@ -48,9 +48,12 @@ static inline int64_t leaf_first(const int64_t *key, const int64_t *order, int64
  * next row replays one leaf-to-root path, log2 k comparisons without branches): each pushed row is read once and each
  * merged row written once, O(total rows x (cols + log k)), where merging push after push re-reads the growing union
  * k - 1 times. ids[j] and vals[j] are the merge's cursors (each ends past its push's rows). scratch: room for 12k
- * int64. ids_out/out have room for the sum of n rows (whatever the ids); returns the number of rows written. */
+ * int64. ids_out/out have room for the sum of n rows (whatever the ids); returns the number of rows written.
+ * slots (NULL, or k cursors each NULL or one int64 per row of its push): the rows' slots in the table as the
+ * pushing worker's pull found them (-1: not there then); slots_out gets each merged row's, the first push's that
+ * knows it (server/fastpath.py: a round's rows then need no lookup). */
 int64_t merge_round_f32(int64_t k, const int64_t **ids, const float **vals, const int64_t *n, int64_t cols,
-                        int64_t *ids_out, float *out, int64_t *scratch) {
+                        int64_t *ids_out, float *out, int64_t *scratch, const int64_t **slots, int64_t *slots_out) {
     int64_t leaves = 1, total = 0, rows = 0;
     while (leaves < k) leaves *= 2;
     int64_t *left = scratch, *key = left + leaves, *order = key + leaves;    /* per leaf: rows left, next id, order */
@@ -72,8 +75,10 @@ int64_t merge_round_f32(int64_t k, const int64_t **ids, const float **vals, cons
     for (int64_t done = 0; done < total; done++) {
         int64_t id = key[j];
         const float *v = vals[j];
+        int64_t slot = slots && slots[j] ? *slots[j]++ : -1;
         if (rows == 0 || ids_out[rows - 1] != id) {      /* the row's first push */
             float *o = out + rows * cols;
+            if (slots_out) slots_out[rows] = slot;
             ids_out[rows++] = id;
             if (j == 0) {
                 memcpy(o, v, row);
@@ -83,6 +88,7 @@ int64_t merge_round_f32(int64_t k, const int64_t **ids, const float **vals, cons
         } else {
             float *o = out + (rows - 1) * cols;
             for (int64_t c = 0; c < cols; c++) o[c] = o[c] + v[c];
+            if (slots_out && slots_out[rows - 1] < 0) slots_out[rows - 1] = slot;
         }
         vals[j] = v + cols;
         if (--left[j] > 0) {

@@ -130,6 +130,18 @@ class RowSparseKey(RowKeySnapshots):
                 merged = kernels.merge_rows(merged[0], merged[1], local_ids, values)
         return merged
 
+    @staticmethod
+    def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[np.ndarray | None]) -> tuple:
+        """:meth:`merge` and the merged rows' slots in the same pass (``kernels.merge_round_slots``): `slots[j]`
+        the slots push j's rows had when its worker pulled them (None: not known); ((ids, values), slots or None)."""
+        if all(len(local_ids) == 0 for local_ids, _ in pushes[1:]):
+            return pushes[0], slots[0]
+        got = kernels.merge_round_slots([local_ids for local_ids, _ in pushes], [values for _, values in pushes],
+                                        slots)
+        if got is None:
+            return RowSparseKey.merge(pushes), None
+        return got[:2], got[2]
+
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True,
               slots: np.ndarray | None = None) -> None:
         """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the

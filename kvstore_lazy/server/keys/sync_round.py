@@ -8,6 +8,9 @@ them all in one pass, instead of re-merging the growing union of rows at every p
 O(N x rows)). Both give the same bits: each row summed in arrival order.
 Does not own: how a key merges (the key passes its ``merge``), how many requests a round takes (the server's
 NUM_WORKER), what happens to the merged gradient (the server applies it through the key).
+A row_sparse push may come with its rows' slots in the key's table (server/fastpath.py: what the worker's pull of
+those rows found); the round keeps them beside the push and the key's ``merge_slots`` gives the merged rows' slots
+in the same pass, handed to the update with the merged gradient.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ class SyncRound:
     def __init__(self) -> None:
         self.requests: list[DataRequest] = []
         self.pushes: list[tuple[Any, Any]] = []   # a row_sparse round's gradients, merged when it completes
+        self.slots: list[Any] = []                # their rows' slots, if known (else None), beside them
         self._folded: Any = None                  # a dense round's sum so far
         self._merge: Callable | None = None
+        self._merge_slots: Callable | None = None
 
     @property
     def pending(self) -> bool:
@@ -39,12 +44,17 @@ class SyncRound:
             return self._merge(self.pushes)
         return self._folded
 
-    def add(self, request: DataRequest, grad, merge: Callable, num_workers: int):
-        """Take one push; the round's (merged gradient, requests) once it is complete, else None. A row_sparse
-        gradient (a tuple ``(ids, values)``) is kept and merged with the round's others by ``merge(pushes)`` when
-        the round completes; any other is merged at once by ``merge(merged, grad, count)``."""
+    def add(self, request: DataRequest, grad, merge: Callable, num_workers: int, slots=None,
+            merge_slots: Callable | None = None):
+        """Take one push; the round's (merged gradient, requests, merged rows' slots or None) once it is complete,
+        else None. A row_sparse gradient (a tuple ``(ids, values)``) is kept and merged with the round's others by
+        ``merge(pushes)`` when the round completes, or by ``merge_slots(pushes, slots)`` if a push of the round came
+        with its rows' `slots`; any other is merged at once by ``merge(merged, grad, count)``."""
         if isinstance(grad, tuple):
             self.pushes.append(grad)
+            self.slots.append(slots)
+            if slots is not None:
+                self._merge_slots = merge_slots
         else:
             self._folded = merge(self._folded, grad, len(self.requests))
         self._merge = merge
@@ -52,13 +62,18 @@ class SyncRound:
             self.requests.append(request)
             return None
         try:
-            merged = self.merged
+            if self._merge_slots is not None and self.pushes:
+                merged, slots = self._merge_slots(self.pushes, self.slots)
+            else:
+                merged, slots = self.merged, None
         except BaseException:
             if isinstance(grad, tuple):
                 self.pushes.pop()           # the round as it was before this push
+                self.slots.pop()
             raise
-        done = merged, self.requests + [request]
-        self.requests, self.pushes, self._folded, self._merge = [], [], None, None
+        done = merged, self.requests + [request], slots
+        self.requests, self.pushes, self.slots, self._folded = [], [], [], None
+        self._merge = self._merge_slots = None
         return done
 
     def describe(self) -> list:
