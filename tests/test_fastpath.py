@@ -411,6 +411,14 @@ def test_pushes_take_their_rows_slots_from_the_pull_before_them():
             pair.send(w.rsp_push(7, rows_, grad(rows_)), pushed=True)
         assert pair.fast.fast.reused - before == 2
         pair.check_same_state()
+    pair.send(w0.rsp_pull(7, [1, 9, 40]))
+    pair.send(w1.rsp_pull(7, [9, 40]))
+    pair.send(w0.rsp_push(7, [1, 9, 40], grad([1, 9, 40])), pushed=True)
+    for server in (pair.fast, pair.reference):            # a removal between a push and its round's end: the
+        table = server.keys[7]._table                     # round's rows are looked up when it is applied
+        table.remove_slots(table.lookup(np.asarray([1], np.uint64)))
+    pair.send(w1.rsp_push(7, [9, 40], grad([9, 40])), pushed=True)
+    pair.check_same_state()
     policy = Pair()
     policy.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))
     policy.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(7, (1000, 4), "float32", UNIFORM, 42,

@@ -110,21 +110,23 @@ def test_a_round_merges_the_slots_its_pushes_came_with():
         ids = np.sort(rng.choice(60, 25, replace=False)).astype(np.int64)
         pushes.append((ids, rng.standard_normal((25, 3)).astype(np.float32)))
         known = np.where(rng.random(25) < 0.3, -1, ids * 10 + 7)   # a row's slot, or -1
-        slots.append(None if j == 2 else known.astype(np.int64))
+        slots.append(None if j == 2 else (known.astype(np.int64), "token"))
     want = {}
-    for (ids, _), known in zip(pushes, slots):
-        for i, slot in zip(ids.tolist(), [-1] * len(ids) if known is None else known.tolist()):
+    for (ids, _), hint in zip(pushes, slots):
+        for i, slot in zip(ids.tolist(), [-1] * len(ids) if hint is None else hint[0].tolist()):
             if want.get(i, -1) < 0:
                 want[i] = slot
     rnd = SyncRound()
     for i, (grad, known) in enumerate(zip(pushes, slots)):
         done = rnd.add(i, grad, RowSparseKey.merge, len(pushes), known, RowSparseKey.merge_slots)
-    merged, requests, merged_slots = done
+    merged, requests, (merged_slots, token) = done
     same(merged, by_row(pushes))
-    assert merged_slots.tolist() == [want[i] for i in merged[0].tolist()]
+    assert merged_slots.tolist() == [want[i] for i in merged[0].tolist()] and token == "token"
     assert requests == list(range(5)) and rnd.slots == []
     first = push([3, 4], [[1.0], [-0.0]])
-    assert RowSparseKey.merge_slots([first], [np.array([5, -1])])[1].tolist() == [5, -1]
+    assert RowSparseKey.merge_slots([first], [(np.array([5, -1]), "t")])[1][0].tolist() == [5, -1]
+    other = [(np.array([5, -1]), "t"), (np.array([5, -1]), "another table")]   # pulls under different tokens
+    assert RowSparseKey.merge_slots([first, first], other)[1] is None
     with pytest.raises(ValueError):
         kernels.merge_round_slots([first[0]], [first[1]], [np.array([5], np.int64)])   # a slot per row
 

@@ -78,7 +78,7 @@ class Server(Protocol):
     def optimizer(self) -> object: ...
 
     def train_push(self, request: DataRequest, entry: DenseKey | RowSparseKey, grad,
-                   slots: np.ndarray | None = None) -> list[tuple[int, Message]]: ...
+                   slots: tuple | None = None) -> list[tuple[int, Message]]: ...
 
 
 class FastPath:
@@ -221,20 +221,18 @@ class FastPath:
         return server.train_push(wire.row_push(msg.sender, meta, key, raw, local_ids, values), entry,
                                  (local_ids, values), self._pulled_slots(msg.sender, key, entry, raw))
 
-    def _pulled_slots(self, sender: int, key: int, entry: RowSparseKey, raw) -> np.ndarray | None:
-        """The slots the sender's last pull of `key` found for the rows of this push (its keys frame, `raw`), if
-        they are still those rows' (the key's slot_token unchanged: no row moved since), else None; taken either
-        way."""
+    def _pulled_slots(self, sender: int, key: int, entry: RowSparseKey, raw) -> tuple | None:
+        """(slots, slot_token): the slots the sender's last pull of `key` found for the rows of this push (its keys
+        frame, `raw`), if they are still those rows' (the key's slot_token unchanged: no row moved since), else
+        None; taken either way. The update checks the token again when it runs (a round's, later)."""
         kept = self._pulled.pop((sender, key), None)
         if kept is None:
             return None
-        pulled_entry, (table, moves), pulled_raw, slots = kept
-        now_table, now_moves = entry.slot_token()
-        if pulled_entry is not entry or table is not now_table or moves != now_moves or \
-                not _same_bytes(raw, pulled_raw):
+        pulled_entry, token, pulled_raw, slots = kept
+        if pulled_entry is not entry or token != entry.slot_token() or not _same_bytes(raw, pulled_raw):
             return None
         self.reused += 1
-        return slots
+        return slots, token
 
     def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
         """A dense push or pushpull (what Gluon's Trainer sends for a dense parameter; not compressed) of a gradient

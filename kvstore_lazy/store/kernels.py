@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -212,10 +212,13 @@ def merge_round(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray]) -> tuple[
 
 
 def merge_round_slots(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray],
-                      slots: Sequence[np.ndarray | None] | None) -> tuple | None:
+                      slots: Sequence[np.ndarray | None] | None,
+                      out: Callable[[int, int], tuple] | None = None) -> tuple | None:
     """:func:`merge_round` and the merged rows' slots in the same pass: ``slots[j]`` (int64, one per row of push j,
     or None) the slots push j's rows had in the table when its worker pulled them (-1: absent then); each merged
-    row gets the first that knows it (-1 if none does). (ids, vals, slots or None) or None as merge_round."""
+    row gets the first that knows it (-1 if none does). (ids, vals, slots or None) or None as merge_round.
+    ``out(rows, cols)``: the caller's (ids, vals, slots) arrays for up to that many rows to write them into (int64,
+    float32 (rows, cols), int64; C-contiguous), instead of new ones."""
     if not vals:
         return None
     cols = vals[0].shape[1]
@@ -229,18 +232,25 @@ def merge_round_slots(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray],
     k, room = len(ids), int(counts.sum())
     id_ptrs = (ctypes.c_void_p * k)(*(_addr(i) for i in ids))     # (the kernel's cursors: it moves them)
     val_ptrs = (ctypes.c_void_p * k)(*(_addr(v) for v in vals))
-    out_ids, out = np.empty(room, np.int64), np.empty((room, cols), np.float32)
+    if out is None:
+        out_ids, out_vals, out_slots = np.empty(room, np.int64), np.empty((room, cols), np.float32), None
+    else:
+        out_ids, out_vals, out_slots = out(room, cols)
+        if out_ids.shape != (room,) or out_vals.shape != (room, cols) or out_slots.shape != (room,):
+            raise ValueError("merge_round: out gave arrays of other shapes")
     scratch = np.empty(12 * k, np.int64)
-    slot_ptrs = out_slots = None
+    slot_ptrs = None
     if slots is not None:
         if len(slots) != k or any(s is not None and (s.dtype != _I64 or s.shape != (c,) or not s.flags.c_contiguous)
                                   for s, c in zip(slots, counts)):
             raise ValueError("merge_round: slots are one contiguous int64 per row of each push, or None")
         slot_ptrs = (ctypes.c_void_p * k)(*(None if s is None else s.ctypes.data for s in slots))
-        out_slots = np.empty(room, np.int64)
-    n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out), _addr(scratch),
-                             slot_ptrs, None if out_slots is None else _addr(out_slots))
-    return out_ids[:n], out[:n], None if out_slots is None else out_slots[:n]
+        out_slots = np.empty(room, np.int64) if out_slots is None else out_slots
+    else:
+        out_slots = None
+    n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out_vals),
+                             _addr(scratch), slot_ptrs, None if out_slots is None else _addr(out_slots))
+    return out_ids[:n], out_vals[:n], None if out_slots is None else out_slots[:n]
 
 
 CATCHUP_RULES = ("sgd", "sgd_mom", "nag", "signum", "signsgd", "rmsprop", "rmsprop_centered", "adam")

@@ -22,6 +22,28 @@ from kvstore_lazy.store import kernels
 INIT_CHUNK = 1 << 16     # rows an init push with rows stores between budget passes (with a disk tier)
 
 
+class _RoundBuffers:
+    """The arrays a round's merge with slots (``RowSparseKey.merge_slots``) writes, one set for the process, grown
+    to the largest round and reused: rounds complete one at a time and their update is done with the merged rows
+    before the next merge, and only keys that reuse slots (no policy, disk tier or history: nothing keeps a round's
+    gradient) merge into them. New arrays each round are a fresh mapping of a round's rows (8 MiB at N=8, B=8192,
+    D=32: over glibc's mmap threshold), whose page faults took ~4% of the server's CPU."""
+
+    def __init__(self) -> None:
+        self.ids = self.slots = np.zeros(0, np.int64)
+        self.values = np.zeros(0, np.float32)
+
+    def __call__(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(self.ids) < rows:
+            self.ids, self.slots = np.empty(rows, np.int64), np.empty(rows, np.int64)
+        if len(self.values) < rows * cols:
+            self.values = np.empty(rows * cols, np.float32)
+        return self.ids[:rows], self.values[:rows * cols].reshape(rows, cols), self.slots[:rows]
+
+
+_ROUND_BUFFERS = _RoundBuffers()
+
+
 def reply_bytes(rows: np.ndarray, dtype: np.dtype) -> memoryview:
     """A pull's rows as its reply's payload in the wire dtype, without a copy when they are in it already: `rows`
     is the pull's own array (nothing writes it afterwards), so the reply holds one copy of the rows asked for,
@@ -131,24 +153,30 @@ class RowSparseKey(RowKeySnapshots):
         return merged
 
     @staticmethod
-    def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[np.ndarray | None]) -> tuple:
+    def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[tuple | None]) -> tuple:
         """:meth:`merge` and the merged rows' slots in the same pass (``kernels.merge_round_slots``): `slots[j]`
-        the slots push j's rows had when its worker pulled them (None: not known); ((ids, values), slots or None)."""
+        (slots, slot_token): the slots push j's rows had when its worker pulled them (None: not known); ((ids,
+        values), (slots, token) or None). Pulls under different tokens: merged without slots. The merged arrays
+        are the process's round buffers (``_RoundBuffers``), valid until the next such merge: for a key that
+        :meth:`reuses_slots`, whose round the server applies at once."""
+        tokens = [hint[1] for hint in slots if hint is not None]
+        if not tokens or any(token != tokens[0] for token in tokens):
+            return RowSparseKey.merge(pushes), None
         if all(len(local_ids) == 0 for local_ids, _ in pushes[1:]):
             return pushes[0], slots[0]
         got = kernels.merge_round_slots([local_ids for local_ids, _ in pushes], [values for _, values in pushes],
-                                        slots)
+                                        [None if hint is None else hint[0] for hint in slots], _ROUND_BUFFERS)
         if got is None:
             return RowSparseKey.merge(pushes), None
-        return got[:2], got[2]
+        return got[:2], (got[2], tokens[0])
 
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True,
-              slots: np.ndarray | None = None) -> None:
+              slots: tuple | None = None) -> None:
         """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the
         updater (stock's ApplyUpdates does: the update is counted, and under dense semantics every row moves); an
-        async push without rows changes nothing (stock answers it). `slots`: the rows' slots as a lookup found them
-        under the :meth:`slot_token` the key has now (-1: not in the table then), for a key that
-        :meth:`reuses_slots`: only those -1 are looked up again (``RowTable.ensure``'s ``known``)."""
+        async push without rows changes nothing (stock answers it). `slots`: (the rows' slots as a lookup found
+        them, -1: not in the table then; the :meth:`slot_token` then): for a key that :meth:`reuses_slots`, with
+        that token now, only the -1 ones are looked up again (:meth:`_slots_for`'s `known`)."""
         local_ids, values = grad
         if len(local_ids) == 0:
             if sync and optimizer is not None:
@@ -170,11 +198,11 @@ class RowSparseKey(RowKeySnapshots):
             if keep is not None:     # the gradient rows of ids not admitted (yet) are dropped; the update still
                 # counts (a round without its rows is a round: update counts, Adam's t and lr schedules go on)
                 row_ids, values = row_ids[keep], np.ascontiguousarray(values[keep])
-        known = slots if self.reuses_slots() else None
-        slots = self._slots_for(row_ids, promoted=True, known=known)
-        self._update(slots, values, optimizer)
+        known = slots[0] if slots is not None and self.reuses_slots() and slots[1] == self.slot_token() else None
+        at = self._slots_for(row_ids, promoted=True, known=known)
+        self._update(at, values, optimizer)
         if self.policy is not None:
-            self.policy.pushed(self._table, slots)
+            self.policy.pushed(self._table, at)
 
     def _count_empty(self, optimizer: Optimizer) -> None:
         """The update of a round without rows of this server: counted (lr schedules, Adam's t), every row moved
