@@ -411,6 +411,8 @@ def test_pushes_take_their_rows_slots_from_the_pull_before_them():
             pair.send(w.rsp_push(7, rows_, grad(rows_)), pushed=True)
         assert pair.fast.fast.reused - before == 2
         pair.check_same_state()
+        # new rows get their slots in the order the general path gives them (the round's ids, ascending)
+        assert pair.fast.keys[7]._table.row_ids().tolist() == pair.reference.keys[7]._table.row_ids().tolist()
     pair.send(w0.rsp_pull(7, [1, 9, 40]))
     pair.send(w1.rsp_pull(7, [9, 40]))
     pair.send(w0.rsp_push(7, [1, 9, 40], grad([1, 9, 40])), pushed=True)
