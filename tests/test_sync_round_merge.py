@@ -110,7 +110,7 @@ def test_a_round_merges_the_slots_its_pushes_came_with():
         ids = np.sort(rng.choice(60, 25, replace=False)).astype(np.int64)
         pushes.append((ids, rng.standard_normal((25, 3)).astype(np.float32)))
         known = np.where(rng.random(25) < 0.3, -1, ids * 10 + 7)   # a row's slot, or -1
-        slots.append(None if j == 2 else (known.astype(np.int64), "token"))
+        slots.append(None if j == 2 else (known.astype(np.int64), "token", False))
     want = {}
     for (ids, _), hint in zip(pushes, slots):
         for i, slot in zip(ids.tolist(), [-1] * len(ids) if hint is None else hint[0].tolist()):
@@ -119,13 +119,14 @@ def test_a_round_merges_the_slots_its_pushes_came_with():
     rnd = SyncRound()
     for i, (grad, known) in enumerate(zip(pushes, slots)):
         done = rnd.add(i, grad, RowSparseKey.merge, len(pushes), known, RowSparseKey.merge_slots)
-    merged, requests, (merged_slots, token) = done
+    merged, requests, (merged_slots, token, complete) = done
     same(merged, by_row(pushes))
     assert merged_slots.tolist() == [want[i] for i in merged[0].tolist()] and token == "token"
+    assert complete == all(want[i] >= 0 for i in merged[0].tolist())
     assert requests == list(range(5)) and rnd.slots == []
     first = push([3, 4], [[1.0], [-0.0]])
-    assert RowSparseKey.merge_slots([first], [(np.array([5, -1]), "t")])[1][0].tolist() == [5, -1]
-    other = [(np.array([5, -1]), "t"), (np.array([5, -1]), "another table")]   # pulls under different tokens
+    assert RowSparseKey.merge_slots([first], [(np.array([5, -1]), "t", False)])[1][0].tolist() == [5, -1]
+    other = [(np.array([5, -1]), "t", False), (np.array([5, -1]), "another table", False)]   # other tokens
     assert RowSparseKey.merge_slots([first, first], other)[1] is None
     with pytest.raises(ValueError):
         kernels.merge_round_slots([first[0]], [first[1]], [np.array([5], np.int64)])   # a slot per row

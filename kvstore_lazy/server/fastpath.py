@@ -157,7 +157,7 @@ class FastPath:
             payload = self._missing_rows(msg, raw, key, entry, store, payload, missing, missing_ids)
             self.partial += 1
         if keep:   # (made after the rows' lookup: a removal since then shows in the token the push compares)
-            self._pulled[(msg.sender, key)] = (entry, token, raw, slots)
+            self._pulled[(msg.sender, key)] = (entry, token, raw, slots, missing is None)
         return payload, lens
 
     def _missing_rows(self, msg: Message, raw, key: int, entry: RowSparseKey, store: bool, payload, missing,
@@ -222,17 +222,18 @@ class FastPath:
                                  (local_ids, values), self._pulled_slots(msg.sender, key, entry, raw))
 
     def _pulled_slots(self, sender: int, key: int, entry: RowSparseKey, raw) -> tuple | None:
-        """(slots, slot_token): the slots the sender's last pull of `key` found for the rows of this push (its keys
-        frame, `raw`), if they are still those rows' (the key's slot_token unchanged: no row moved since), else
-        None; taken either way. The update checks the token again when it runs (a round's, later)."""
+        """(slots, slot_token, whether every row was in the table): the slots the sender's last pull of `key` found
+        for the rows of this push (its keys frame, `raw`), if they are still those rows' (the key's slot_token
+        unchanged: no row moved since), else None; taken either way. The update checks the token again when it
+        runs (a round's, later)."""
         kept = self._pulled.pop((sender, key), None)
         if kept is None:
             return None
-        pulled_entry, token, pulled_raw, slots = kept
+        pulled_entry, token, pulled_raw, slots, complete = kept
         if pulled_entry is not entry or token != entry.slot_token() or not _same_bytes(raw, pulled_raw):
             return None
         self.reused += 1
-        return slots, token
+        return slots, token, complete
 
     def _dense_push(self, msg: Message) -> list[tuple[int, Message]] | None:
         """A dense push or pushpull (what Gluon's Trainer sends for a dense parameter; not compressed) of a gradient

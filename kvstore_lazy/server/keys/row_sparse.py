@@ -155,8 +155,9 @@ class RowSparseKey(RowKeySnapshots):
     @staticmethod
     def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[tuple | None]) -> tuple:
         """:meth:`merge` and the merged rows' slots in the same pass (``kernels.merge_round_slots``): `slots[j]`
-        (slots, slot_token): the slots push j's rows had when its worker pulled them (None: not known); ((ids,
-        values), (slots, token) or None). Pulls under different tokens: merged without slots. The merged arrays
+        (slots, slot_token, complete) as push j's rows had them when its worker pulled them (None: not known);
+        ((ids, values), (slots, token, whether none is -1) or None). Pulls under different tokens: merged without
+        slots. The merged arrays
         are the process's round buffers (``_RoundBuffers``), valid until the next such merge: for a key that
         :meth:`reuses_slots`, whose round the server applies at once."""
         tokens = [hint[1] for hint in slots if hint is not None]
@@ -168,15 +169,16 @@ class RowSparseKey(RowKeySnapshots):
                                         [None if hint is None else hint[0] for hint in slots], _ROUND_BUFFERS)
         if got is None:
             return RowSparseKey.merge(pushes), None
-        return got[:2], (got[2], tokens[0])
+        return got[:2], (got[2], tokens[0], bool((got[2] >= 0).all()))
 
     def apply(self, grad: tuple[np.ndarray, np.ndarray], optimizer: Optimizer | None, sync: bool = True,
               slots: tuple | None = None) -> None:
         """One update: a round's merged gradient (`sync`) or an async push. A round without rows still runs the
         updater (stock's ApplyUpdates does: the update is counted, and under dense semantics every row moves); an
         async push without rows changes nothing (stock answers it). `slots`: (the rows' slots as a lookup found
-        them, -1: not in the table then; the :meth:`slot_token` then): for a key that :meth:`reuses_slots`, with
-        that token now, only the -1 ones are looked up again (:meth:`_slots_for`'s `known`)."""
+        them, -1: not in the table then; the :meth:`slot_token` then; whether none is -1): for a key that
+        :meth:`reuses_slots`, with that token now, only the -1 ones are looked up again (:meth:`_slots_for`'s
+        `known`), and with none the update runs at once."""
         local_ids, values = grad
         if len(local_ids) == 0:
             if sync and optimizer is not None:
@@ -184,6 +186,9 @@ class RowSparseKey(RowKeySnapshots):
             return
         if self.history is not None:
             self._apply_dense(local_ids, values, optimizer)
+            return
+        if slots is not None and slots[2] and self.reuses_slots() and slots[1] == self.slot_token():
+            self._update(slots[0], values, optimizer)    # every row in the table, at the slots its pull found
             return
         row_ids = self.row_ids_of(local_ids)
         admit = None if self.row_steps else self._disk_admit()   # (rows with their own steps: updated in memory)
