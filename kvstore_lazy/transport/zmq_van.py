@@ -20,7 +20,9 @@ Beyond ps-lite (issue 11):
 - Messages are received and sent whole, one C call each (``transport/_zmqmsg.c`` ``recv_message``/``send_message``
   on the libzmq pyzmq loaded, see :func:`native_zmq`), where pyzmq costs a Python call and a Frame per part: a 256-row
   pull is received in 5.6 us of CPU instead of 16.1 (``scripts/bench_workers/van_recv.py``). Large parts are still
-  received without a copy and sent through pyzmq's zero-copy path.
+  received and sent without a copy; sent ones are released by the compiled calls themselves when ZeroMQ is done
+  with them (no pyzmq Frame per part, nor its garbage collector thread and GIL hand-over per message: at N=8,
+  B=8192 the Python glue of each reply's sends was ~5% of the server's busy time).
 - :meth:`watch` follows a DEALER's connection with a socket monitor: :meth:`link` says whether it is up, and since
   when it is down (how a dead scheduler is noticed at once).
 """
@@ -83,7 +85,7 @@ _recv_message, _send_message = zmqmsg.recv_message, zmqmsg.send_message
 
 
 _LIBZMQ_FUNCTIONS = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_close", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more",
-                     "zmq_msg_gets", "zmq_send")
+                     "zmq_msg_gets", "zmq_send", "zmq_msg_init_data", "zmq_msg_send")
 @functools.cache      # once per process
 def native_zmq() -> bool:
     """Whether messages can be received and sent whole by ``_zmqmsg.recv_message``/``send_message`` (one C call per
@@ -283,14 +285,15 @@ class ZmqVan:
     @staticmethod
     def _try_send(sock: zmq.Socket, frames: list, size: int, whole: bool) -> bool:
         """One message without blocking, or False (nothing sent) if ZeroMQ's queue to the peer is full. ZeroMQ
-        takes a multipart message whole once it took the first part, so only that one can fail."""
-        # Zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice).
-        copy = size < ZERO_COPY_MIN
-        if copy and whole:
+        takes a multipart message whole once it took the first part, so only that one can fail. Parts of
+        ZERO_COPY_MIN bytes or more go without a copy: nothing changes them after (a message's own buffers)."""
+        if whole:
             try:
-                return _send_message(sock.underlying, frames)
+                return _send_message(sock.underlying, frames, ZERO_COPY_MIN)
             except OSError as exc:
                 raise zmq.ZMQError(exc.errno) from None
+        # pyzmq: zero-copy sends pay for a zmq.Frame per part; it only wins for large payloads (pyzmq's own advice)
+        copy = size < ZERO_COPY_MIN
         last = len(frames) - 1
         try:
             _send_frame(sock, frames[0], _NOBLOCK_MORE if last else _NOBLOCK, copy)
@@ -418,6 +421,8 @@ class ZmqVan:
             self.receiver.close(linger=0)
             self.receiver = None
         self.context.destroy(linger=0)   # term() would wait forever for a socket someone forgot
+        if self.whole:
+            zmqmsg.release_sent()            # the parts ZeroMQ dropped with its sockets
 
 
 def _peer_address(frame: zmq.Frame) -> str | None:
