@@ -40,7 +40,8 @@ STORE, PROTOCOL, TRANSPORT = "kvstore_lazy/store", "kvstore_lazy/protocol", "kvs
 LIBRARIES = {
     "kvstore_lazy.store._kernels": (
         [f"{STORE}/{name}.c" for name in ("kernels", "kernels_index", "kernels_rows", "kernels_optim",
-                                          "kernels_normal", "kernels_io", "kernels_records", "kernels_catchup")],
+                                          "kernels_normal", "kernels_io", "kernels_records", "kernels_catchup",
+                                          "kernels_runs")],
         [f"{STORE}/kernels.h"]),
     "kvstore_lazy.protocol._fast": (
         [f"{PROTOCOL}/{name}.c" for name in ("_fast", "_fast_pbmeta", "_fast_checks", "_fast_rows", "_fast_uniform",

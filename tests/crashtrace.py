@@ -2,8 +2,9 @@
 
 Owns: :class:`Tracer` (wraps ``os``'s, ``shutil``'s and ``open``'s durability calls in this process: every call on
 the main thread is a numbered *point*, and a hook runs just before and just after it), :class:`Durable` (what an
-fsync made durable, by inode: the power-loss model), and :func:`copy_state` (the directories as a process killed at
-that instant leaves them, hard links kept; or, with a :class:`Durable`, as a power cut leaves them).
+fsync of any thread made durable, by inode: the power-loss model), and :func:`copy_state` (the directories as a
+process killed at that instant leaves them, hard links kept; or, with a :class:`Durable`, as a power cut leaves
+them).
 Does not own: the cycle that is traced or what a recovery must give (``crashcycle``).
 
 The crash states, as ALICE (OSDI'14) and CrashMonkey (OSDI'18) build them:
@@ -88,7 +89,10 @@ class Tracer:
     def _traced(self, call: str, target: Callable[..., str], real: Callable, after: Callable | None = None):
         def wrapper(*args, **kwargs):
             if self._inside or threading.get_ident() != self._main:
-                return real(*args, **kwargs)
+                result = real(*args, **kwargs)
+                if after is not None and threading.get_ident() != self._main:
+                    after(result, *args, **kwargs)      # another thread's fsync makes data durable too (no point)
+                return result
             point = Point(len(self.points), call, target(*args, **kwargs))
             self.points.append(point)
             self._call_hook(point, "before")

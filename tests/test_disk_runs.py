@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from kvstore_lazy.store.disk import runfile, runs
+from kvstore_lazy.store.disk import runfile, runs, runwork
 from kvstore_lazy.store.disk.errors import DiskError, SegmentError
 from kvstore_lazy.store.disk.layout import RecordLayout
 from kvstore_lazy.store.disk.runs import EMPTY, TOMBSTONE, RunIndex
@@ -158,6 +158,7 @@ def build(tmp_path, n: int, memtable: int = 1000, block_bytes: int = SMALL, seed
     index = RunIndex(tmp_path, memtable_entries=memtable, block_bytes=block_bytes)
     for lo in range(0, n, 500):
         index.set(ids[lo:lo + 500], np.arange(lo, min(lo + 500, n), dtype=np.uint32))
+    index.flush()                                   # (and the merges the background thread was asked for)
     return index, ids
 
 
@@ -228,17 +229,25 @@ def test_a_failed_write_is_a_disk_error_naming_the_directory_and_changes_nothing
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(runfile, "write_all", full)
+    index.set(np.arange(100, 120, dtype=np.uint64), np.ones(20, np.uint32))    # the memtable goes to be written
+    ref.update({i: 1 for i in range(100, 120)})
     with pytest.raises(DiskError, match=str(tmp_path)):
-        index.set(np.arange(100, 120, dtype=np.uint64), np.ones(20, np.uint32))     # the flush first fails
+        index.flush()                                   # the background thread's failure, at the next call
     with pytest.raises(DiskError, match=str(tmp_path)):
-        index.commit()
+        index.commit()                                  # (written again: fails again)
     after = index.stats()
-    assert after.pop("lookups") == before.pop("lookups") + 20      # (the set looked its ids up before the flush)
+    assert after.pop("lookups") == before.pop("lookups") + 20      # (the set looked its ids up)
+    assert after.pop("frozen") == 90 and after.pop("memtable") == 20 and after.pop("entries") == 110
+    for key in ("frozen", "memtable", "entries", "ram_bytes"):
+        before.pop(key), after.pop(key, None)
     assert after == before and list(tmp_path.iterdir()) == []
+    check_all(index, ref, np.arange(200, dtype=np.uint64))              # nothing lost: the memtable is kept
     monkeypatch.undo()
     index.flush()
-    index.set(np.arange(100, 125, dtype=np.uint64), np.ones(25, np.uint32))
-    finish, merge_number = runfile.RunWriter.finish, index._next_number + 1
+    assert index.stats()["frozen"] == 0 and index.stats()["memtable"] == 0
+    index.set(np.arange(120, 145, dtype=np.uint64), np.ones(25, np.uint32))
+    ref.update({i: 1 for i in range(120, 145)})
+    finish, merge_number = runfile.RunWriter.finish, index._work.next_number() + 1
 
     def merge_fails(writer):
         if writer.number == merge_number:
@@ -247,16 +256,16 @@ def test_a_failed_write_is_a_disk_error_naming_the_directory_and_changes_nothing
 
     monkeypatch.setattr(runfile.RunWriter, "finish", merge_fails)
     with pytest.raises(DiskError, match=str(tmp_path)):
-        index.flush()                                   # the flush's run is written; 25 >= 90 / 4: a merge fails
+        index.flush()                                   # runs of 90, 20 and now 25: a merge of all three fails
     monkeypatch.undo()
-    assert index.stats()["runs"] == 2 and len(index) == 115
-    for run, ids in zip(index._runs, [np.arange(90), np.arange(100, 125)]):
-        # the inputs' filters, freed for the merge, read back
-        assert runfile._bloom_test(run.bloom, ids.astype(np.uint64), run.seed).all()
-    np.testing.assert_array_equal(index.lookup(np.arange(90, dtype=np.uint64)), np.arange(90))
-    index.remove(np.arange(100, 125, dtype=np.uint64))
-    index.set(np.arange(100, 120, dtype=np.uint64), np.ones(20, np.uint32))
-    ref.update({i: 1 for i in range(100, 120)})
+    assert index.stats()["run_entries"] == [90, 20, 25] and len(index) == 135 and not index.stats()["merging"]
+    assert {p.name for p in tmp_path.iterdir()} == {run.name for run in index._runs}   # (no temp file left)
+    check_all(index, ref, np.arange(200, dtype=np.uint64))
+    index.remove(np.arange(120, 145, dtype=np.uint64))
+    index.set(np.arange(120, 140, dtype=np.uint64), np.ones(20, np.uint32))
+    ref.update({i: 1 for i in range(120, 140)})
+    for i in range(140, 145):
+        ref.pop(i)
     manifest = index.commit()
     check_all(RunIndex.open(tmp_path, manifest), ref, np.arange(200, dtype=np.uint64))
 
@@ -339,38 +348,42 @@ def test_ram_per_entry_is_below_two_bytes_at_a_million(tmp_path):
     per_block = (runfile.BLOCK_BYTES - 8) // 12
     want = sum(8 * -(-r.entries // per_block) + 32 * int(np.ceil(r.entries * runs.BLOOM_BITS / 256))
                for r in index._runs) + index._mem.nbytes()
-    assert index.ram_bytes() == want
-    assert index.ram_bytes() / len(index) < 1.3           # 10 bits of filter + 8 bytes of fence a block
-    assert 12 < index.disk_bytes() / len(index) < 14.5
+    index.lookup(ids[:10])
+    cache = index._cache.nbytes()                         # a fixed part: 12 bytes a slot, 1/8 of the memtable's
+    assert cache == 12 * (1 << 13)
+    assert index.ram_bytes() == want + cache
+    assert (index.ram_bytes() - cache) / len(index) < 1.36    # 10 bits of filter + 8 bytes of fence a block of 84
+    assert 12 < index.disk_bytes() / len(index) < 14.5      # (12 bytes an entry, a block's check and count)
     # the memtable's own bytes are bounded by its capacity whatever the index's size
     index.set(ids[:1000], np.zeros(1000, np.uint32))
     assert index._mem.nbytes() < 30 * (1 << 16)
 
 
 def blocks_per_read(monkeypatch) -> list[int]:
-    """The number of blocks of each Run.read_blocks call from now on (appended as they happen)."""
+    """The number of blocks of each runfile.read_blocks call (every block read) from now on, as they happen."""
     largest: list[int] = []
-    read = runfile.Run.read_blocks
+    read = runfile.read_blocks
 
-    def spy(self, blocks):
+    def spy(runs, which, blocks):
         largest.append(len(blocks))
-        return read(self, blocks)
+        return read(runs, which, blocks)
 
-    monkeypatch.setattr(runfile.Run, "read_blocks", spy)
+    monkeypatch.setattr(runfile, "read_blocks", spy)
     return largest
 
 
 def test_temporaries_are_bounded_by_a_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "CHUNK", 400)
+    monkeypatch.setattr(runwork, "CHUNK", 400)
     index, _ = build(tmp_path, 20_000, memtable=2000)
     largest = blocks_per_read(monkeypatch)
     index.remove(np.zeros(0, np.uint64))
     index.set(np.arange(1, 2001, dtype=np.uint64), np.zeros(2000, np.uint32))
     index.set(np.arange(2001, 4001, dtype=np.uint64), np.zeros(2000, np.uint32))   # a flush and a merge
     assert index.counters["merges"] > 0
-    largest.clear()
     index.flush()
-    index._merge(0)                                 # everything merged: 24k entries read 400 at a time
+    largest.clear()
+    index._start_merge(0)                           # everything merged: 24k entries read 400 at a time
+    index.settle()
     assert max(largest) == 400 // ((SMALL - 8) // 12)
     assert all(len(ids) <= 300 for ids, _ in index.items(300))
 
@@ -391,9 +404,11 @@ def test_reads_per_lookup(tmp_path):
     index, ids = build(tmp_path, n + 6000, memtable=5000, block_bytes=runfile.BLOCK_BYTES, seed=5)
     index.remove(ids[n:])
     index.set(ids[n:n + 3000], np.arange(3000, dtype=np.uint32))
+    index.flush()
     index.committed(index.commit())
     ids = ids[:n + 3000]
-    nruns = index.stats()["runs"]
+    nruns = index.stats()["groups"]                 # (each group here is one run file)
+    assert nruns == index.stats()["runs"]
     assert nruns >= 2
     rng = np.random.default_rng(6)
     before = dict(index.counters)

@@ -18,6 +18,7 @@
  *   kernels_io.c       batched record reads and writes of the disk segments (pread/pwrite, io_uring)
  *   kernels_records.c  the records of the disk tier: their checks, and rows packed into and out of them
  *   kernels_catchup.c  dense-update semantics: rows brought over the zero-gradient steps they missed
+ *   kernels_runs.c     the disk index's sorted runs: bloom filters, the probe of a batch, the search in a block, merges
  */
 #include "kernels.h"
 

@@ -14,6 +14,7 @@
     verify      every committed record checked; the one report of a damaged record
     commit      the commit point (index.npz) and the loading of the last commit
     runs        the index out of RAM: a memtable over sorted runs on disk (an LSM index)
+    runwork     its background thread (flushes, merges a run file at a time), its groups of runs, its lookup cache
     runfile     one run file of it: blocks, fences, bloom filter, footer; its writer, its reader; the merge
 
 Callers import from :mod:`kvstore_lazy.store.segments`, which re-exports the names they use.

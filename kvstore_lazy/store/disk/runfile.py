@@ -2,10 +2,12 @@
 
 Owns: the bytes of a run file (blocks, fences, bloom filter, footer, and their checks), writing one
 (:class:`RunWriter`: temp file, fsync, rename, fsync of the directory), opening one (:func:`open_run`: every part
-checked, :class:`~.errors.SegmentError` naming the file otherwise), reading its blocks batched (:meth:`Run.probe`,
-:meth:`Run.chunks`), the split-block bloom filter, and the streaming k-way merge of sorted (id, loc) chunk
-streams (:func:`merged`). Does not own: which runs exist, the memtable, when to flush or merge, or the manifest
-(:class:`~.runs.RunIndex`).
+checked, :class:`~.errors.SegmentError` naming the file otherwise), reading blocks batched (:class:`Probe`: a batch of
+ids in a set of runs of disjoint id ranges, :meth:`Run.chunks`), the split-block bloom filter, and the streaming
+k-way merge of sorted (id, loc) chunk streams (:func:`merged`). The inner loops are compiled
+(``store/kernels_runs.c``: the filter's bits, the probe, the search in a block, the merge); the numpy filter here
+(:func:`_bloom_add`, :func:`_bloom_test`) is their reference. Does not own: which runs exist, the memtable, when to
+flush or merge, or the manifest (:class:`~.runs.RunIndex`).
 
 A run file (``idx-000001.run``, written once as ``idx-000001.run.tmp``, fsynced, renamed, the directory fsynced)::
 
@@ -35,14 +37,17 @@ from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.files import fsync_path
+from kvstore_lazy.store.disk.pools import executor
 from kvstore_lazy.store.disk.reads import uring
 
 TOMBSTONE = 0xFFFFFFFE              # a removed id, in the memtable and in runs
+EMPTY = 0xFFFFFFFF                  # absent (never stored)
 RUN_PREFIX, RUN_SUFFIX, TEMP_SUFFIX = paths.RUN_PREFIX, paths.RUN_SUFFIX, paths.TEMP_SUFFIX
 RUN_GLOB = f"{RUN_PREFIX}*{RUN_SUFFIX}"
 BLOCK_BYTES = 4096
 CHUNK = 1 << 16                     # entries a run's bloom filter is built from at a time (read back)
-READ_BLOCKS = 1024                  # blocks a lookup reads per batched call (4 MiB)
+READ_BLOCKS = 1024                  # blocks a lookup reads per batched call (1 MiB)
+READ_SPLIT = 256                    # a lookup of at least twice this many blocks reads half on a pool thread
 READ_RING = True                    # through an io_uring where the kernel has one (kernels.pread_records)
 _MAGIC = np.frombuffer(b"KVLZRUN1", np.uint64)[0]
 _FOOTER = np.dtype([("check", "<u4"), ("zero", "<u4"), ("magic", "<u8"), ("number", "<u8"), ("entries", "<u8"),
@@ -70,6 +75,11 @@ def mix64(ids: np.ndarray, seed: int) -> np.ndarray:
     return x
 
 
+def new_bloom(entries: int, bits: float) -> np.ndarray:
+    """An empty filter for ``entries`` ids at ``bits`` bits each: (blocks, 8) uint32, at least one block."""
+    return np.zeros((max(1, math.ceil(entries * bits / 256)), 8), np.uint32)
+
+
 def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(block of each id, its (n, 8) uint32 bit masks: one bit in each word of the block)."""
     h = mix64(ids, seed)
@@ -79,8 +89,9 @@ def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, 
 
 
 def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
-    """Set the bits of ``ids``. No sort: ids sharing a block in one assignment overwrite each other (one wins),
-    so the losers go again until every id's bits are set; in pieces of at most 1/4 of the filter's blocks, so few do."""
+    """Set the bits of ``ids`` (the numpy reference of ``kernels.runs_bloom_add``, which writes the same bits). No
+    sort: ids sharing a block in one assignment overwrite each other (one wins), so the losers go again until every
+    id's bits are set; in pieces of at most 1/4 of the filter's blocks, so few do."""
     step = min(max(256, len(bloom) // 4), 1 << 14)     # (a piece's temporaries: ~100 bytes an id)
     rows = bloom.view(_ROW).reshape(-1)                 # a block as one item: gathered and put as a whole
     for lo in range(0, len(ids), step):
@@ -95,6 +106,7 @@ def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
 
 
 def _bloom_test(bloom: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
+    """The numpy reference of ``kernels.runs_bloom_test``."""
     block, masks = _bloom_where(ids, len(bloom), seed)
     words = bloom.view(_ROW).reshape(-1)[block].view(np.uint64).reshape(-1, 4)
     return ((words & masks.view(np.uint64)) == masks.view(np.uint64)).all(axis=1)
@@ -111,10 +123,12 @@ class Format:
         self.words = self.block_bytes // 4
         self.mult = (np.arange(self.words, dtype=np.uint64) * np.uint64(2) + np.uint64(0x2545F491)) & _M32
         self.mult[0] = 0                                        # the check word itself
+        self.mult32 = self.mult.astype(np.uint32)               # (each below 2^32: kernels.runs_verify's)
 
-    def salts(self, number: int, blocks: np.ndarray) -> np.ndarray:
-        """What a block's check mixes in: its run's number and its own."""
-        mixed = blocks.astype(np.uint64) * np.uint64(0x9E3779B1) + np.uint64((number * 0x85EBCA77) & 0xFFFFFFFF)
+    def salts(self, number, blocks: np.ndarray) -> np.ndarray:
+        """What a block's check mixes in: its run's number (one, or one a block) and its own."""
+        runs = (np.asarray(number, np.uint64) * np.uint64(0x85EBCA77)) & _M32
+        mixed = blocks.astype(np.uint64) * np.uint64(0x9E3779B1) + runs
         return (mixed & _M32).astype(np.uint32)
 
     def ids_locs(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,8 +141,8 @@ class Format:
         words = buf.view(np.uint32)
         kernels.record_seal(words, self.mult, self.salts(number, np.arange(first_block, first_block + len(buf))), 0)
 
-    def bad(self, buf: np.ndarray, number: int, blocks: np.ndarray) -> np.ndarray:
-        """Indexes (into ``buf``) of the blocks whose check fails."""
+    def bad(self, buf: np.ndarray, number, blocks: np.ndarray) -> np.ndarray:
+        """Indexes (into ``buf``) of the blocks whose check fails (``number``: their run's, or one a block)."""
         words = buf.view(np.uint32)
         return np.flatnonzero(kernels.record_checks(words, self.mult, self.salts(number, blocks)) != words[:, 0])
 
@@ -150,46 +164,43 @@ class Run:
         return self.fences.nbytes + self.bloom.nbytes
 
     def drop_filter(self) -> None:
-        """Free the bloom filter (a merge reads the run whole and needs none; its output's takes the room)."""
-        self.bloom = np.zeros((0, 8), np.uint32)
-
-    def load_filter(self) -> None:
-        """The bloom filter read back from the file (checked), after :meth:`drop_filter`."""
-        again = open_run(self.path, self.fmt)
-        again.close()
-        self.bloom = again.bloom
+        """Free the fences and the bloom filter of a run no lookup asks any more (replaced by a merge; its blocks
+        can still be read, in order, by :meth:`chunks`)."""
+        self.fences, self.bloom = np.zeros(0, np.uint64), np.zeros((0, 8), np.uint32)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError):
+            pass
+
     def read_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """The blocks numbered ``blocks`` (ascending), read in one batched call and checked (SegmentError naming
         the file and the first bad block): (n, block_bytes) uint8."""
-        fmt = self.fmt
-        buf = np.empty((len(blocks), fmt.block_bytes), np.uint8)
-        err, row = kernels.pread_records(np.full(len(blocks), self.fd, np.int32),
-                                         blocks.astype(np.int64) * fmt.block_bytes, fmt.block_bytes, buf,
-                                         READ_RING and uring())
-        if err:
-            what = "the file ends early" if err < 0 else os.strerror(err)
-            raise SegmentError(f"index run {self.path}: cannot read block {int(blocks[row])}: {what}")
-        bad = fmt.bad(buf, self.number, blocks)
-        counts = fmt.ids_locs(buf)[0]
-        want = np.minimum(fmt.per_block, self.entries - blocks.astype(np.int64) * fmt.per_block)
-        wrong = np.flatnonzero(counts != want)
-        if len(bad) or len(wrong):
-            first = min(np.concatenate([bad, wrong]))
-            raise SegmentError(f"index run {self.path}: block {int(blocks[first])} is damaged (failed check)")
-        return buf
+        return read_blocks([self], np.zeros(len(blocks), np.int64), blocks)
 
-    def chunks(self, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids, locs) of every entry, ascending, about ``chunk`` entries at a time (whole blocks)."""
+    def chunks(self, chunk: int, after=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, locs) of every entry (above ``after``, if given), ascending, about ``chunk`` entries at a time
+        (whole blocks)."""
         step = max(1, chunk // self.fmt.per_block)
-        for lo in range(0, self.blocks, step):
+        first = 0
+        if after is not None and self.blocks:
+            if self.last <= after:
+                return
+            if len(self.fences) == self.blocks:         # (a retired run has none: read from its start)
+                first = max(0, int(np.searchsorted(self.fences, np.uint64(after), side="right")) - 1)
+        for lo in range(first, self.blocks, step):
             blocks = np.arange(lo, min(lo + step, self.blocks))
-            yield self._entries(self.read_blocks(blocks), blocks)
+            ids, locs = self._entries(self.read_blocks(blocks), blocks)
+            if after is not None and len(ids) and ids[0] <= after:
+                cut = int(np.searchsorted(ids, np.uint64(after), side="right"))
+                ids, locs = ids[cut:], locs[cut:]
+            yield ids, locs
 
     def _entries(self, buf: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, locs) of the blocks in ``buf`` (ascending numbers), concatenated: sorted; the last block's padding
@@ -203,52 +214,91 @@ class Run:
     def may_hold(self, ids: np.ndarray) -> np.ndarray:
         """A mask of the ``ids`` this run may hold (its id range and bloom filter, in RAM: no read; never False
         for an id it holds)."""
-        out = (ids >= self.fences[0]) & (ids <= self.last) if self.blocks else np.zeros(len(ids), bool)
+        if not self.blocks or not len(self.fences):
+            return np.zeros(len(ids), bool)
+        out = (ids >= self.fences[0]) & (ids <= self.last)
         at = np.flatnonzero(out)
         if len(at):
-            out[at] = _bloom_test(self.bloom, ids[at], self.seed)
+            out[at] = kernels.runs_bloom_test(self.bloom, ids[at], self.seed)
         return out
 
-    def probe(self, ids: np.ndarray, counters: dict) -> tuple[np.ndarray, np.ndarray]:
-        """(mask of ``ids`` (ascending) found here, their locations, tombstones included)."""
-        found = np.zeros(len(ids), bool)
-        at = np.flatnonzero((ids >= self.fences[0]) & (ids <= self.last))
-        if len(at):
-            passed = _bloom_test(self.bloom, ids[at], self.seed)
-            counters["bloom_negatives"] += int(len(at) - passed.sum())
-            at = at[passed]
-        if not len(at):
-            return found, np.zeros(0, np.uint32)
-        want = ids[at]
-        blk = np.searchsorted(self.fences, want, side="right") - 1
-        unique = np.unique(blk)
-        locs = np.zeros(len(at), np.uint32)
-        hit = np.zeros(len(at), bool)
-        for lo in range(0, len(unique), READ_BLOCKS):
-            blocks = unique[lo:lo + READ_BLOCKS]
-            a, b = np.searchsorted(blk, blocks[0], "left"), np.searchsorted(blk, blocks[-1], "right")
-            hit[a:b], locs[a:b] = self._search(self.read_blocks(blocks), blocks, blk[a:b], want[a:b])
-            counters["blocks_read"] += len(blocks)
-        counters["bloom_false"] += int(len(at) - hit.sum())
-        found[at[hit]] = True
-        return found, locs[hit]
+
+def read_blocks(runs: list[Run], which: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Block ``blocks[i]`` of run ``runs[which[i]]`` for each i (ascending (run, block) pairs), read in one batched
+    call (adjacent blocks of a file one read) and checked: (n, block_bytes) uint8; SegmentError naming the file and
+    the first bad block."""
+    fmt = runs[0].fmt if runs else None
+    if fmt is None or not len(blocks):
+        return np.empty((0, fmt.block_bytes if fmt else BLOCK_BYTES), np.uint8)
+    fds = np.array([r.fd for r in runs], np.int32)[which]
+    buf = np.empty((len(blocks), fmt.block_bytes), np.uint8)
+    err, row = kernels.pread_records(fds, blocks.astype(np.int64) * fmt.block_bytes, fmt.block_bytes, buf,
+                                     READ_RING and uring())
+    if err:
+        what = "the file ends early" if err < 0 else os.strerror(err)
+        raise SegmentError(f"index run {runs[int(which[row])].path}: cannot read block {int(blocks[row])}: {what}")
+    numbers = np.array([r.number for r in runs], np.uint64)[which]
+    entries = np.array([r.entries for r in runs], np.int64)[which]
+    first = kernels.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, entries)
+    if first >= 0:
+        raise SegmentError(f"index run {runs[int(which[first])].path}: block {int(blocks[first])} is damaged "
+                           "(failed check)")
+    return buf
 
 
-    def _search(self, buf: np.ndarray, blocks: np.ndarray, blk: np.ndarray, want: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """(found, location) of each id ``want[i]`` in its block ``blk[i]`` (one of ``blocks``, read into
-        ``buf``): a binary search in every block at once, in place in ``buf`` (no copy of the blocks' ids)."""
-        counts, ids, locs = self.fmt.ids_locs(buf)
-        row = np.searchsorted(blocks, blk)
-        lo, hi = np.zeros(len(want), np.int64), counts[row].astype(np.int64)
-        for _ in range(self.fmt.per_block.bit_length()):
-            mid = (lo + hi) >> 1
-            less = ids[row, np.minimum(mid, self.fmt.per_block - 1)] < want
-            open_ = lo < hi
-            lo = np.where(open_ & less, mid + 1, lo)
-            hi = np.where(open_ & ~less, mid, hi)
-        at = np.minimum(lo, self.fmt.per_block - 1)
-        return (lo < counts[row]) & (ids[row, at] == want), locs[row, at]
+class Probe:
+    """Lookups of batches in runs of disjoint id ranges, ascending (the runs of one flush or merge), through
+    ``kernels.runs_probe``: the arrays it takes (each run's range, the addresses of its fences and filter), made
+    once for these runs (which must stay open and keep their filters while this is used)."""
+
+    def __init__(self, runs: list[Run]) -> None:
+        self.runs = [r for r in runs if r.blocks]
+        rs = self.runs
+        self.plan = (np.array([r.fences[0] for r in rs], np.uint64), np.array([r.last for r in rs], np.uint64),
+                     np.array([r.fences.ctypes.data for r in rs], np.uint64),
+                     np.array([len(r.fences) for r in rs], np.int64),
+                     np.array([r.bloom.ctypes.data for r in rs], np.uint64),
+                     np.array([len(r.bloom) for r in rs], np.int64), np.array([r.seed for r in rs], np.uint64))
+
+    def __call__(self, ids: np.ndarray, after, counters: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``ids`` (uint64, ascending) of the ids found, their locations, tombstones included); ids at
+        or below ``after`` (None: no bound) are not looked at. Each distinct block is read once (in pieces of
+        READ_BLOCKS; a large batch's pieces half on a pool thread, as the segments' records are read), checked,
+        and each id binary-searched in it."""
+        if not self.runs or not len(ids):
+            return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        cand, row, table, block, refused = kernels.runs_probe(self.plan, after, ids)
+        counters["bloom_negatives"] += refused
+        if not len(cand):
+            return cand, np.zeros(0, np.uint32)
+        locs = np.empty(len(cand), np.uint32)
+        per_block = self.runs[0].fmt.per_block
+
+        def search(lo: int, hi: int) -> None:
+            buf = read_blocks(self.runs, table[lo:hi], block[lo:hi])
+            a, b = np.searchsorted(row, [lo, hi], side="left")
+            locs[a:b] = kernels.runs_search(buf, per_block, row[a:b] - lo, ids[cand[a:b]])
+
+        nblocks = len(table)
+        pieces = [(lo, min(lo + READ_BLOCKS, nblocks)) for lo in range(0, nblocks, READ_BLOCKS)]
+        if nblocks >= 2 * READ_SPLIT and len(pieces) == 1:
+            pieces = [(0, nblocks // 2), (nblocks // 2, nblocks)]
+        if nblocks >= 2 * READ_SPLIT:
+            def others() -> None:
+                for lo, hi in pieces[1::2]:
+                    search(lo, hi)
+
+            other = executor("index", 1).submit(others)
+            for lo, hi in pieces[::2]:
+                search(lo, hi)
+            other.result()
+        else:
+            for lo, hi in pieces:
+                search(lo, hi)
+        counters["blocks_read"] += nblocks
+        hit = locs != EMPTY
+        counters["bloom_false"] += int(len(cand) - hit.sum())
+        return cand[hit], locs[hit]
 
 
 def _pad_blocks(nbytes: int, block_bytes: int) -> int:
@@ -294,22 +344,25 @@ class RunWriter:
             self._write(final=False)
 
     def _write(self, final: bool) -> None:
+        """The whole blocks pending (with ``final``, the last part-filled one too) written, sealed."""
         e = self.fmt.per_block
-        ids = np.concatenate([p[0] for p in self.pending]) if self.pending else np.zeros(0, np.uint64)
-        locs = np.concatenate([p[1] for p in self.pending]) if self.pending else np.zeros(0, np.uint32)
+        ids = np.concatenate([p[0] for p in self.pending]) if len(self.pending) > 1 else \
+            self.pending[0][0] if self.pending else np.zeros(0, np.uint64)
+        locs = np.concatenate([p[1] for p in self.pending]) if len(self.pending) > 1 else \
+            self.pending[0][1] if self.pending else np.zeros(0, np.uint32)
         n = len(ids) if final else len(ids) // e * e
-        nb = -(-n // e)
-        buf = np.zeros((nb, self.fmt.block_bytes), np.uint8)
-        counts, bids, blocs = self.fmt.ids_locs(buf)
-        flat_ids, flat_locs = np.zeros(nb * e, np.uint64), np.zeros(nb * e, np.uint32)
-        flat_ids[:n], flat_locs[:n] = ids[:n], locs[:n]
-        bids[:] = flat_ids.reshape(nb, e)
-        blocs[:] = flat_locs.reshape(nb, e)
-        counts[:] = np.minimum(e, n - np.arange(nb) * e)
-        self.fmt.seal(buf, self.number, self.blocks)
-        write_all(self.fd, buf)
-        self.fences.append(ids[:n:e].copy())
-        self.blocks += nb
+        nb, full = -(-n // e), n // e
+        if nb:
+            buf = np.zeros((nb, self.fmt.block_bytes), np.uint8)
+            counts, bids, blocs = self.fmt.ids_locs(buf)
+            bids[:full], blocs[:full] = ids[:full * e].reshape(full, e), locs[:full * e].reshape(full, e)
+            if nb > full:                           # the run's last block, part-filled (zero padding after)
+                bids[full, :n - full * e], blocs[full, :n - full * e] = ids[full * e:n], locs[full * e:n]
+            counts[:] = np.minimum(e, n - np.arange(nb) * e)
+            self.fmt.seal(buf, self.number, self.blocks)
+            write_all(self.fd, buf)
+            self.fences.append(ids[:n:e].copy())
+            self.blocks += nb
         self.pending = [(ids[n:], locs[n:])] if n < len(ids) else []
         self.npending = len(ids) - n
 
@@ -317,14 +370,14 @@ class RunWriter:
         fmt = self.fmt
         self._write(final=True)
         fences = np.concatenate(self.fences) if self.fences else np.zeros(0, np.uint64)
-        bloom = np.zeros((max(1, math.ceil(self.entries * self.bloom_bits / 256)), 8), np.uint32)
+        bloom = new_bloom(self.entries, self.bloom_bits)
         for lo in range(0, self.blocks, max(1, CHUNK // fmt.per_block)):      # the blocks read back, in chunks
             nb = min(max(1, CHUNK // fmt.per_block), self.blocks - lo)
             buf = np.frombuffer(os.pread(self.fd, nb * fmt.block_bytes, lo * fmt.block_bytes), np.uint8)
             buf = buf.reshape(nb, fmt.block_bytes)
             _, ids, _ = fmt.ids_locs(buf)
             n = min(nb * fmt.per_block, self.entries - lo * fmt.per_block)
-            _bloom_add(bloom, ids.reshape(-1)[:n], _SEED)
+            kernels.runs_bloom_add(bloom, ids.reshape(-1)[:n], _SEED)
         for part in (fences, bloom):
             raw = part.view(np.uint8).reshape(-1)
             write_all(self.fd, raw)
@@ -407,33 +460,30 @@ def merged(sources: list[Iterator[tuple[np.ndarray, np.ndarray]]], drop_tombston
     """A k-way merge of sorted chunk streams (``sources`` oldest first; ids unique within each): (ids, locs)
     ascending, each id once with its newest location, tombstones dropped if asked. Holds one chunk per source: each
     step emits every entry up to the smallest last id of the chunks held, so at least one chunk is used up."""
-    held: list[tuple[np.ndarray, np.ndarray] | None] = [next(s, None) for s in sources]
+    held: list[tuple[np.ndarray, np.ndarray] | None] = [_next_chunk(s) for s in sources]
     while True:
         live = [i for i, h in enumerate(held) if h is not None]
         if not live:
             return
         bound = min(held[i][0][-1] for i in live)
-        ids, locs, rank = [], [], []
+        pieces = []
         for i in live:
             h_ids, h_locs = held[i]
             cut = int(np.searchsorted(h_ids, bound, side="right"))
-            ids.append(h_ids[:cut])
-            locs.append(h_locs[:cut])
-            rank.append(np.full(cut, i, np.int32))
+            pieces.append((h_ids[:cut], h_locs[:cut]))
             if cut < len(h_ids):
                 held[i] = (h_ids[cut:], h_locs[cut:])
             else:
-                nxt = next(sources[i], None)
-                while nxt is not None and not len(nxt[0]):
-                    nxt = next(sources[i], None)
-                held[i] = nxt
-        all_ids, all_locs, all_rank = np.concatenate(ids), np.concatenate(locs), np.concatenate(rank)
-        order = np.lexsort((-all_rank, all_ids))        # by id, the newest source first
-        all_ids, all_locs = all_ids[order], all_locs[order]
-        first = np.concatenate(([True], all_ids[1:] != all_ids[:-1])) if len(all_ids) else np.zeros(0, bool)
-        if drop_tombstones:
-            first &= all_locs != TOMBSTONE
-        yield all_ids[first], all_locs[first]
+                held[i] = _next_chunk(sources[i])
+        yield kernels.runs_merge(pieces, drop_tombstones)       # (by id, the newest source's entry)
+
+
+def _next_chunk(source: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The next non-empty chunk of ``source``, or None at its end."""
+    for ids, locs in source:
+        if len(ids):
+            return ids, locs
+    return None
 
 
 def rechunk(stream: Iterator[tuple[np.ndarray, np.ndarray]], chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
