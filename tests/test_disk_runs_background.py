@@ -13,7 +13,7 @@ import pytest
 
 import crashtrace
 from kvstore_lazy.store import kernels
-from kvstore_lazy.store.disk import runfile, runs
+from kvstore_lazy.store.disk import runcalls, runfile, runs
 from kvstore_lazy.store.disk.runs import EMPTY, TOMBSTONE, RunIndex
 from test_disk_runs import SMALL, check_all, expect, hashed_ids
 
@@ -23,18 +23,18 @@ def test_the_compiled_filter_sets_the_bits_of_the_numpy_reference():
     for nblocks, n in [(1, 10), (7, 300), (4096, 50_000)]:
         ids = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
         ours, reference = np.zeros((nblocks, 8), np.uint32), np.zeros((nblocks, 8), np.uint32)
-        kernels.runs_bloom_add(ours, ids, runfile._SEED)
+        runcalls.runs_bloom_add(ours, ids, runfile._SEED)
         runfile._bloom_add(reference, ids, runfile._SEED)
         np.testing.assert_array_equal(ours, reference)          # (files written by either read by both)
         probes = np.concatenate([ids, rng.integers(0, 2**64 - 1, 4 * n, dtype=np.uint64, endpoint=True)])
-        np.testing.assert_array_equal(kernels.runs_bloom_test(ours, probes, runfile._SEED),
+        np.testing.assert_array_equal(runcalls.runs_bloom_test(ours, probes, runfile._SEED),
                                       runfile._bloom_test(reference, probes, runfile._SEED))
-        assert kernels.runs_bloom_test(ours, ids, runfile._SEED).all()
+        assert runcalls.runs_bloom_test(ours, ids, runfile._SEED).all()
 
 
 @pytest.mark.parametrize("block_bytes", [SMALL, runfile.BLOCK_BYTES])
 def test_the_compiled_block_check_is_the_record_check(block_bytes):
-    """kernels.runs_verify (32-bit weights) accepts exactly the blocks Format.bad (kernels.record_checks) does, and
+    """runcalls.runs_verify (32-bit weights) accepts exactly the blocks Format.bad (kernels.record_checks) does, and
     refuses a wrong count."""
     fmt = runfile.Format(block_bytes)
     rng = np.random.default_rng(7)
@@ -46,18 +46,18 @@ def test_the_compiled_block_check_is_the_record_check(block_bytes):
     buf.view(np.uint32)[:, 1] = np.minimum(fmt.per_block, entries - blocks * fmt.per_block)
     kernels.record_seal(buf.view(np.uint32), fmt.mult, fmt.salts(numbers, blocks), 0)
     assert len(fmt.bad(buf, numbers, blocks)) == 0
-    assert kernels.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, entries) == -1
+    assert runcalls.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, entries) == -1
     for row, byte in [(299, block_bytes - 1), (120, 9), (3, 0)]:
         damaged = buf.copy()
         damaged[row, byte] ^= 0x40
         assert fmt.bad(damaged, numbers, blocks).tolist() == [row]
-        assert kernels.runs_verify(damaged, fmt.per_block, fmt.mult32, numbers, blocks, entries) == row
+        assert runcalls.runs_verify(damaged, fmt.per_block, fmt.mult32, numbers, blocks, entries) == row
     other = numbers.copy()
     other[50] += 1                                          # a block of another run: its salt differs
-    assert kernels.runs_verify(buf, fmt.per_block, fmt.mult32, other, blocks, entries) == 50
+    assert runcalls.runs_verify(buf, fmt.per_block, fmt.mult32, other, blocks, entries) == 50
     fewer = entries.copy()
     fewer[77] -= fmt.per_block                              # its count is wrong for the run's size
-    assert kernels.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, fewer) == 77
+    assert runcalls.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, fewer) == 77
 
 
 def test_the_compiled_merge_keeps_the_newest_entry_of_each_id():
@@ -70,10 +70,10 @@ def test_the_compiled_merge_keeps_the_newest_entry_of_each_id():
         chunks.append((ids, locs))
         newest.update(zip(ids.tolist(), locs.tolist()))
     for drop in (False, True):
-        ids, locs = kernels.runs_merge(chunks, drop)
+        ids, locs = runcalls.runs_merge(chunks, drop)
         want = sorted((i, v) for i, v in newest.items() if not (drop and v == TOMBSTONE))
         assert ids.tolist() == [i for i, _ in want] and locs.tolist() == [v for _, v in want]
-    assert [len(a) for a in kernels.runs_merge([], False)] == [0, 0]
+    assert [len(a) for a in runcalls.runs_merge([], False)] == [0, 0]
 
 
 def test_the_compiled_probe_finds_the_run_and_block_of_each_id(tmp_path):
@@ -92,7 +92,7 @@ def test_the_compiled_probe_finds_the_run_and_block_of_each_id(tmp_path):
     present = np.isin(queries, ids)
     for after in (None, int(ids[1500])):
         counters = {"bloom_negatives": 0, "blocks_read": 0, "bloom_false": 0}
-        cand, row, table, block, _ = kernels.runs_probe(probe.plan, after, queries)
+        cand, row, table, block, _ = runcalls.runs_probe(probe.plan, after, queries)
         looked = present & (True if after is None else queries > np.uint64(after))
         assert set(np.flatnonzero(looked)) <= set(cand.tolist())         # never a false negative
         for c, r in zip(cand, row):                                         # each one's block by the fences
@@ -263,17 +263,19 @@ def test_a_write_that_fails_in_the_background_is_raised_at_the_next_call_and_los
             raise OSError(28, "No space left on device")
         return finish(writer)
 
+    index.set(np.array([10**6], np.uint64), np.array([5], np.uint32))
+    index.flush()                                   # (the index's first run, written and waited for; not later ones)
     monkeypatch.setattr(runfile.RunWriter, "finish", second_fails)
     ids = np.arange(1, 161, dtype=np.uint64)
     index.set(ids[:100], np.arange(100, dtype=np.uint32))
     index.set(ids[100:], np.arange(100, 160, dtype=np.uint32))     # the first 100 go to be written
     with pytest.raises(runs.DiskError, match=str(tmp_path)):
         index.settle()
-    assert index.stats()["frozen"] == 100 and index.stats()["runs"] == 0
-    assert not list(tmp_path.iterdir())                             # (its first file, written, removed)
+    assert index.stats()["frozen"] == 100 and index.stats()["runs"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [index._runs[0].name]     # (its first file, written, removed)
     np.testing.assert_array_equal(index.lookup(ids), np.arange(160))
     index.flush()                                                   # written again, the rest too, merged
-    assert index.stats()["frozen"] == 0 and index.stats()["run_entries"] == [60, 60, 40]
+    assert index.stats()["frozen"] == 0 and index.stats()["run_entries"] == [60, 60, 41]
     np.testing.assert_array_equal(index.lookup(np.append(ids, 999)), np.append(np.arange(160), EMPTY))
     assert {p.name for p in tmp_path.iterdir()} == {run.name for run in index._runs}
 
@@ -292,3 +294,23 @@ def test_a_run_of_whole_write_batches_is_written_and_read_back(tmp_path):
     np.testing.assert_array_equal(got[0], ids)
     np.testing.assert_array_equal(got[1], (ids % np.uint64(1000)).astype(np.uint32))
     again.close()
+
+
+def test_the_cache_of_lookups_answers_repeats_and_never_a_stale_location(tmp_path):
+    index = RunIndex(tmp_path, memtable_entries=100, block_bytes=SMALL, cache_entries=1 << 10)
+    ids = np.arange(1, 301, dtype=np.uint64) * np.uint64(7919)
+    index.set(ids, np.arange(300, dtype=np.uint32))
+    index.flush()
+    np.testing.assert_array_equal(index.lookup(ids[:50]), np.arange(50))
+    reads, hits = index.counters["blocks_read"], index.counters["cache_hits"]
+    np.testing.assert_array_equal(index.lookup(ids[:50]), np.arange(50))     # again: from the cache
+    assert index.counters["blocks_read"] == reads and index.counters["cache_hits"] == hits + 50
+    index.set(ids[:20], np.full(20, 999, np.uint32))             # newer: in the memtable, looked at first
+    np.testing.assert_array_equal(index.lookup(ids[:50]), np.r_[np.full(20, 999), np.arange(20, 50)])
+    index.remove(ids[20:30])
+    index.flush()                                                   # moved into the runs: the cache is emptied
+    want = np.r_[np.full(20, 999), np.full(10, EMPTY), np.arange(30, 50)]
+    np.testing.assert_array_equal(index.lookup(ids[:50]), want)
+    np.testing.assert_array_equal(index.lookup(ids[:50]), want)
+    ram = index.ram_bytes()
+    assert index._cache.nbytes() == 12 << 10 and ram >= 12 << 10

@@ -67,13 +67,18 @@ _SIGNATURES = {
                    _ptr, _ptr, _ptr, _ptr],
     "runs_search": [_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr],
     "runs_verify": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr],
+    "runs_cache_get": [_ptr, _ptr, ctypes.c_uint, _ptr, _i64, _ptr],
+    "runs_read_search": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr,
+                         _ptr],
+    "runs_cache_put": [_ptr, _ptr, ctypes.c_uint, _ptr, _ptr, _i64],
     "runs_merge": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "merge_round_f32": _i64,
              "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64,
-             "runs_probe": _i64, "runs_merge": _i64, "runs_verify": _i64}
+             "runs_probe": _i64, "runs_merge": _i64, "runs_verify": _i64, "runs_cache_get": _i64,
+             "runs_read_search": _i64}
 
 
 class KernelLoadError(ImportError):
@@ -478,110 +483,6 @@ def move_rows(array: np.ndarray, dst, src) -> None:
     if len(dst):
         _lib.move_rows(_addr(array), array.strides[0] if array.ndim else array.itemsize, _addr(dst), _addr(src),
                        len(dst))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the disk index's sorted runs (caller: store/disk/runfile.py, which keeps the arrays alive across a call)
-
-def _u64(a) -> np.ndarray:
-    return np.ascontiguousarray(a, np.uint64)
-
-
-def runs_bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
-    """Set the bits of ``ids`` in the split-block bloom filter ``bloom`` ((nblocks, 8) uint32, C-contiguous,
-    writable; runfile's layout)."""
-    if bloom.dtype != np.uint32 or bloom.ndim != 2 or bloom.shape[1] != 8 or not bloom.flags.c_contiguous \
-            or not bloom.flags.writeable:
-        raise ValueError(f"runs_bloom_add: a writable C-contiguous (n, 8) uint32 filter, got {bloom.dtype} "
-                         f"{bloom.shape}")
-    ids = _u64(ids)
-    if len(ids) and len(bloom):
-        _lib.runs_bloom_add(_addr(bloom), len(bloom), int(seed), _addr(ids), len(ids))
-
-
-def runs_bloom_test(bloom: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
-    """A mask of the ``ids`` the filter may hold (never False for an id added)."""
-    bloom = np.ascontiguousarray(bloom, np.uint32)
-    if bloom.ndim != 2 or bloom.shape[1] != 8:
-        raise ValueError(f"runs_bloom_test: an (n, 8) uint32 filter, got {bloom.shape}")
-    ids = _u64(ids)
-    out = np.zeros(len(ids), np.uint8)
-    if len(ids) and len(bloom):
-        _lib.runs_bloom_test(_addr(bloom), len(bloom), int(seed), _addr(ids), len(ids), _addr(out))
-    return out.view(bool)
-
-
-def runs_probe(plan: tuple, after: int | None, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                          np.ndarray, int]:
-    """The candidates of ``ids`` (uint64, ascending) in a group of runs: ``plan`` = (first, last, fence addresses,
-    fence counts, filter addresses, filter block counts, seeds), one entry a run (uint64, int64 for the counts),
-    ranges disjoint and ascending, every run non-empty; the caller keeps the fences and filters alive. Ids at or
-    below ``after`` are not looked at (None: none). Returns (positions in ``ids`` of the candidates, the index of
-    each one's block among the distinct blocks, the run and the block number of each distinct block, the ids in a
-    run's range its filter refused)."""
-    first, last, fences, nfences, blooms, nblooms, seeds = plan
-    ids = _u64(ids)
-    n = len(ids)
-    cand, row, utable, ublock = (np.empty(max(n, 1), np.int64) for _ in range(4))
-    counts = np.zeros(2, np.int64)
-    nc = _lib.runs_probe(len(first), _addr(first), _addr(last), _addr(fences), _addr(nfences), _addr(blooms),
-                         _addr(nblooms), _addr(seeds), after is not None, 0 if after is None else int(after),
-                         _addr(ids), n, _addr(cand), _addr(row), _addr(utable), _addr(ublock), _addr(counts[:1]),
-                         counts[1:].ctypes.data)
-    nu = int(counts[0])
-    return cand[:nc], row[:nc], utable[:nu], ublock[:nu], int(counts[1])
-
-
-def runs_verify(buf: np.ndarray, per_block: int, mult: np.ndarray, numbers: np.ndarray, blocks: np.ndarray,
-                entries: np.ndarray) -> int:
-    """The index of the first block of ``buf`` ((n, block_bytes) uint8, C-contiguous) whose check (the record check
-    with ``mult`` (uint32, a word each), its salt from ``numbers[i]`` (its run's) and ``blocks[i]`` (its own)) or
-    count (``per_block``, or what ``entries[i]``, its run's, leaves for its last block) is wrong; -1 if none."""
-    mult = np.ascontiguousarray(mult, np.uint32)
-    numbers, blocks = _u64(numbers), np.ascontiguousarray(blocks, np.int64)
-    entries = np.ascontiguousarray(entries, np.int64)
-    n = len(buf)
-    if buf.dtype != np.uint8 or buf.ndim != 2 or not buf.flags.c_contiguous or buf.shape[1] % 4 \
-            or mult.shape != (buf.shape[1] // 4,) or not len(numbers) == len(blocks) == len(entries) == n:
-        raise ValueError(f"runs_verify: blocks {buf.dtype} {buf.shape}, {len(mult)} weights, {len(numbers)} runs, "
-                         f"{len(blocks)} numbers, {len(entries)} counts")
-    if not n:
-        return -1
-    return int(_lib.runs_verify(_addr(buf), n, buf.shape[1], int(per_block), _addr(mult), _addr(numbers),
-                                _addr(blocks), _addr(entries)))
-
-
-def runs_search(buf: np.ndarray, per_block: int, row: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The location of each ``ids[c]`` in the block ``buf[row[c]]`` ((nblocks, block_bytes) uint8, C-contiguous:
-    check, count, ids, locations), 0xFFFFFFFF where that block does not hold it."""
-    if buf.dtype != np.uint8 or buf.ndim != 2 or not buf.flags.c_contiguous or 8 + 12 * per_block > buf.shape[1]:
-        raise ValueError(f"runs_search: blocks {buf.dtype} {buf.shape} of {per_block} entries")
-    row, ids = np.ascontiguousarray(row, np.int64), _u64(ids)
-    if len(row) != len(ids) or (len(row) and (row.min() < 0 or row.max() >= len(buf))):
-        raise ValueError(f"runs_search: {len(ids)} ids, {len(row)} rows of {len(buf)} blocks")
-    out = np.empty(len(ids), np.uint32)
-    if len(ids):
-        _lib.runs_search(_addr(buf), buf.shape[1], int(per_block), _addr(row), _addr(ids), len(ids), _addr(out))
-    return out
-
-
-def runs_merge(chunks: Sequence[tuple[np.ndarray, np.ndarray]], drop_tombstones: bool
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The merge of sorted chunks ``[(ids uint64 ascending unique, locs uint32)]``, a later one newer: every id once
-    with its newest location, ascending; those whose newest is the tombstone (0xFFFFFFFE) left out if asked."""
-    chunks = [(_u64(i), np.ascontiguousarray(v, np.uint32)) for i, v in chunks]
-    if any(len(i) != len(v) for i, v in chunks):
-        raise ValueError("runs_merge: ids and locations of different lengths")
-    total = sum(len(i) for i, _ in chunks)
-    out_ids, out_locs = np.empty(max(total, 1), np.uint64), np.empty(max(total, 1), np.uint32)
-    ids_at = np.array([i.ctypes.data for i, _ in chunks], np.uint64)
-    locs_at = np.array([v.ctypes.data for _, v in chunks], np.uint64)
-    lens = np.array([len(i) for i, _ in chunks], np.int64)
-    m = _lib.runs_merge(len(chunks), _addr(ids_at), _addr(locs_at), _addr(lens), bool(drop_tombstones),
-                        _addr(out_ids), _addr(out_locs))
-    if m < 0:
-        raise MemoryError("runs_merge: out of memory")
-    return out_ids[:m], out_locs[:m]
 
 
 if __name__ == "__main__":

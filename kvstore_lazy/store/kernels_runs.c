@@ -10,6 +10,7 @@
 #include "kernels.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #define RUNS_EMPTY 0xFFFFFFFFu      /* runs.EMPTY: not found */
 #define RUNS_TOMBSTONE 0xFFFFFFFEu  /* runfile.TOMBSTONE: a removed id */
@@ -118,6 +119,38 @@ int64_t runs_probe(int64_t nruns, const uint64_t *first, const uint64_t *last, c
     return nc;
 }
 
+/* The cache of recent lookups (runwork.Recent): a direct-mapped table of 2^(64 - shift) slots (ids, locations,
+ * RUNS_EMPTY in an empty slot), an id's slot the top bits of its Fibonacci hash. */
+static inline uint64_t cache_slot(uint64_t id, unsigned shift) { return (id * 0x9E3779B97F4A7C15ULL) >> shift; }
+
+/* out[i] = the location cached for ids[i], RUNS_EMPTY if none; returns how many were. */
+int64_t runs_cache_get(const uint64_t *cache_ids, const uint32_t *cache_locs, unsigned shift, const uint64_t *ids,
+                       int64_t n, uint32_t *out) {
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n) {
+            uint64_t ahead = cache_slot(ids[i + PREFETCH], shift);
+            __builtin_prefetch(cache_ids + ahead, 0);
+            __builtin_prefetch(cache_locs + ahead, 0);
+        }
+        uint64_t s = cache_slot(ids[i], shift);
+        uint32_t loc = cache_locs[s];
+        out[i] = (loc != RUNS_EMPTY && cache_ids[s] == ids[i]) ? loc : RUNS_EMPTY;
+        hits += out[i] != RUNS_EMPTY;
+    }
+    return hits;
+}
+
+/* The slots of ids[i] hold (ids[i], locs[i]) (the later of two ids of one slot stays). */
+void runs_cache_put(uint64_t *cache_ids, uint32_t *cache_locs, unsigned shift, const uint64_t *ids,
+                    const uint32_t *locs, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t s = cache_slot(ids[i], shift);
+        cache_ids[s] = ids[i];
+        cache_locs[s] = locs[i];
+    }
+}
+
 /* The check of a block (runfile.Format): kernels_records.c's record check over its 32-bit words (word 0, the check
  * itself, weighted 0) with its salt (its run's number and its own mixed in) as the location: the same value, the
  * weights taken as the 32-bit numbers they are (runfile.Format.mult: below 2^32), so the compiler vectorizes the
@@ -149,25 +182,68 @@ int64_t runs_verify(const uint8_t *buf, int64_t n, int64_t block_bytes, int64_t 
     return -1;
 }
 
+/* The location of id in the block at b (count u32 at byte 4, ids u64[per_block] at 8, locations u32[per_block]
+ * after them), RUNS_EMPTY if it does not hold it: a binary search among its count ids. */
+static inline uint32_t block_find(const uint8_t *b, int64_t per_block, uint64_t id) {
+    uint32_t count;
+    memcpy(&count, b + 4, 4);
+    const uint64_t *bid = (const uint64_t *)(b + 8);
+    const uint32_t *bloc = (const uint32_t *)(b + 8 + 8 * per_block);
+    int64_t n = count < (uint64_t)per_block ? (int64_t)count : per_block, lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (bid[mid] < id) lo = mid + 1; else hi = mid;
+    }
+    return (lo < n && bid[lo] == id) ? bloc[lo] : RUNS_EMPTY;
+}
+
+/* A probe's reads (runfile.Probe): for each distinct block u in [u0, u1) (block ublock[u] of run utable[u]: its
+ * file descriptor fds[t], its number numbers[t], its entries[t]), the block is read with pread into scratch (one
+ * block_bytes buffer, so it is checked and searched while in cache), checked (block_check and its count), and
+ * each candidate c whose row[c] is u (the candidates come in the order of their rows) gets the location of ids[c]
+ * in it (RUNS_EMPTY if it does not hold it). Returns 0; or, for the first block that fails, 1 with failed[0] = u
+ * and failed[1] = errno (-1: the file ends early), or 2 with failed[0] = u (damaged: its check or count is
+ * wrong). */
+int64_t runs_read_search(const int32_t *fds, const uint64_t *numbers, const int64_t *entries, const int64_t *utable,
+                         const int64_t *ublock, int64_t u0, int64_t u1, int64_t block_bytes, int64_t per_block,
+                         const uint32_t *mult, const int64_t *row, const uint64_t *ids, int64_t ncand,
+                         uint32_t *out, uint8_t *scratch, int64_t *failed) {
+    int64_t c = 0;
+    while (c < ncand && row[c] < u0) c++;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t t = utable[u];
+        int64_t got = 0;
+        while (got < block_bytes) {
+            ssize_t r = pread(fds[t], scratch + got, (size_t)(block_bytes - got),
+                              (off_t)(ublock[u] * block_bytes + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                failed[0] = u;
+                failed[1] = r < 0 ? errno : -1;
+                return 1;
+            }
+            got += r;
+        }
+        const uint32_t *w = (const uint32_t *)scratch;
+        uint64_t run = ((uint64_t)numbers[t] * 0x85EBCA77ULL) & 0xFFFFFFFFULL;
+        uint32_t salt = (uint32_t)(((uint64_t)ublock[u] * 0x9E3779B1ULL + run) & 0xFFFFFFFFULL);
+        int64_t left = entries[t] - ublock[u] * per_block;
+        if (block_check(w, block_bytes / 4, mult, salt) != w[0]
+                || (int64_t)w[1] != (left < per_block ? left : per_block)) {
+            failed[0] = u;
+            return 2;
+        }
+        for (; c < ncand && row[c] == u; c++) out[c] = block_find(scratch, per_block, ids[c]);
+    }
+    return 0;
+}
+
 /* For each of n ids: its location in the block at row[c] of buf (blocks of block_bytes: check u32, count u32, ids
  * u64[per_block], locations u32[per_block]), found by binary search among the block's count ids; RUNS_EMPTY if
  * that block does not hold it. */
 void runs_search(const uint8_t *buf, int64_t block_bytes, int64_t per_block, const int64_t *row, const uint64_t *ids,
                  int64_t n, uint32_t *out) {
-    for (int64_t c = 0; c < n; c++) {
-        const uint8_t *b = buf + row[c] * block_bytes;
-        uint32_t count;
-        memcpy(&count, b + 4, 4);
-        const uint64_t *bid = (const uint64_t *)(b + 8);
-        const uint32_t *bloc = (const uint32_t *)(b + 8 + 8 * per_block);
-        int64_t lo = 0, hi = count < (uint64_t)per_block ? (int64_t)count : per_block;
-        uint64_t id = ids[c];
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (bid[mid] < id) lo = mid + 1; else hi = mid;
-        }
-        out[c] = (lo < (int64_t)count && lo < per_block && bid[lo] == id) ? bloc[lo] : RUNS_EMPTY;
-    }
+    for (int64_t c = 0; c < n; c++) out[c] = block_find(buf + row[c] * block_bytes, per_block, ids[c]);
 }
 
 /* The k-way merge of k sorted chunks (source s: lens[s] ids at ids_at[s], ascending and unique, their locations at

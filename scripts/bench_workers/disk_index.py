@@ -10,7 +10,8 @@ bytes per entry (RAM: the index's own count, the process's RSS growth over the b
 back, and its peak during the build), the build rate, and per lookup kind the ids/s and the block reads per id (the
 run index's counters). The run files stay in the page cache (the machine's memory holds them); ``--cold`` also times
 present lookups with the run files dropped from the page cache before each batch (``posix_fadvise(DONTNEED)``): the
-same reads, from the device.
+same reads, from the device. ``--block-bytes``: the index's block (what a cold lookup reads and checks; 8 bytes of
+fence a block in RAM).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 from kvstore_lazy.store.disk.runs import EMPTY, RunIndex  # noqa: E402
+from kvstore_lazy.store.disk import runfile  # noqa: E402
 from kvstore_lazy.store.disk.runfile import mix64  # noqa: E402
 from kvstore_lazy.store.rows import RowTable  # noqa: E402
 
@@ -91,7 +93,8 @@ def fix_malloc() -> None:
 def run_index(args, directory: Path, loads: dict[str, list[np.ndarray]]) -> dict:
     before = rss()
     reset_peak()
-    index = RunIndex(directory, memtable_entries=args.memtable, bloom_bits=args.bloom_bits)
+    index = RunIndex(directory, memtable_entries=args.memtable, bloom_bits=args.bloom_bits,
+                     block_bytes=args.block_bytes)
     start = time.perf_counter()
     for lo in range(0, args.rows, args.batch):
         n = min(args.batch, args.rows - lo)
@@ -157,6 +160,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=50, help="lookup batches of each kind")
     parser.add_argument("--memtable", type=int, default=1 << 17)
     parser.add_argument("--bloom-bits", type=float, default=10.0)
+    parser.add_argument("--block-bytes", type=int, default=runfile.BLOCK_BYTES,
+                        help="bytes of an index block (the unit of a lookup's read; 8 bytes of fence each in RAM)")
     parser.add_argument("--cold", type=int, default=0, help="also time this many present batches from the device")
     parser.add_argument("--set-looks-up", action="store_true", help="set looks the previous locations up")
     parser.add_argument("--dir", default=None, help="where the run files go (default: a temporary directory)")
@@ -167,7 +172,8 @@ def main() -> None:
         ours = run_index(args, Path(tmp), loads)
     theirs = hash_index(args, loads)
     print(f"{args.rows:,} rows, batches of {args.batch}, memtable {args.memtable:,} entries, "
-          f"{args.bloom_bits:g} bloom bits an entry; runs {ours['runs']}, entries written per row "
+          f"{args.bloom_bits:g} bloom bits an entry, blocks of {args.block_bytes} bytes; runs {ours['runs']}, "
+          "entries written per row "
           f"{ours['written']:.2f}")
     print(f"{'':28} {'run index':>22} {'hash index (RowTable)':>24}")
     print(f"{'RAM bytes / entry':28} {ours['ram']:>22.3f} {theirs['ram']:>24.2f}")

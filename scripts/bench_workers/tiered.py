@@ -4,8 +4,14 @@ Plays two stock workers (the frames they send, through the wire codec: core_step
 :class:`KVServer` with a memory budget and ``--disk-dir`` (or none: ``--budget 0``): fills a (rows, D) lazy key with
 fresh rows, then runs Zipf(1.2) pull + push steps of B rows per worker over it. Prints the process RSS (VmRSS, and
 the growth over the RSS before the key existed: mxnet is imported for the optimizer pickle), the server's CPU per
-step and its rows/s per worker, and with ``--profile`` the hot spots (cProfile). For tuning the tier; ``make bench``
-(scenario tiered) holds the end-to-end numbers with real workers.
+step (all threads, and the request thread's own) and its rows/s per worker, and with ``--profile`` the hot spots
+(cProfile, the request thread). For tuning the tier; ``make bench`` (scenario tiered) holds the end-to-end numbers
+with real workers.
+
+``--hashed``: the key declared with 2^40 rows and its ids spread one to one over them (id x an odd factor mod
+2^40), so the tier indexes its rows on disk with the RunIndex (store/disk/runs.py) instead of a dense index; the
+disk index's counters are printed too (block reads, cache hits, flushes, merges). ``--memtable``: its memtable's
+entries (default: the tier's share of the budget).
 
 ``--rss-trace``: where the RSS peak comes from. The process's high-water mark (VmHWM) is reset
 (``/proc/self/clear_refs``) on entry to each of the tier's and the budget's functions (:data:`TRACED`) and read on
@@ -118,12 +124,23 @@ def zipf_ids(rng, rows: int, batch: int) -> np.ndarray:
     return np.sort(np.fromiter(ids, np.int64)[:batch])
 
 
+HASH_SPACE = 1 << 40                    # --hashed: the key's rows, ids spread over them by ...
+HASH_FACTOR = 0x9E3779B97F4A7C15 & (HASH_SPACE - 1) | 1     # ... an odd factor: a bijection of [0, 2^40)
+
+
+def spread(ids: np.ndarray) -> np.ndarray:
+    """``ids`` (< 2^40) mapped one to one over [0, 2^40), sorted: the rows of a key of hashed ids."""
+    return np.sort((ids.astype(np.uint64) * np.uint64(HASH_FACTOR)) & np.uint64(HASH_SPACE - 1)).astype(np.int64)
+
+
 def moved(server) -> dict:
     """The tier's counters of rows moved and records read/written so far (empty without a tier)."""
     disk = server.keys[KEY].disk
     if disk is None:
         return {}
-    return {"promoted": disk.counters["promoted"], "demoted": disk.counters["demoted"],
+    index = getattr(disk.store._index, "counters", {})          # a RunIndex's (hashed ids): lookups, block reads
+    return {**{f"index_{k}": v for k, v in index.items()}, "promoted": disk.counters["promoted"],
+            "demoted": disk.counters["demoted"],
             "updated_in_place": disk.counters["updated_in_place"],
             "records_read": disk.store.counters["records_read"],
             "records_written": disk.store.counters["records_written"],
@@ -143,9 +160,14 @@ def main() -> int:
     parser.add_argument("--pread", action="store_true", help="read with pread, not an io_uring")
     parser.add_argument("--read-threads", type=int, default=None, help="segments.READ_THREADS")
     parser.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
+    parser.add_argument("--top", type=int, default=24, help="cProfile lines")
     parser.add_argument("--evict", default="lru", help="eviction policy (KVSTORE_LAZY_EVICT: lru, lfu)")
     parser.add_argument("--admit-window", type=int, default=None,
                         help="KVSTORE_LAZY_DISK_ADMIT_WINDOW (rounds; 0: every touched row comes back)")
+    parser.add_argument("--hashed", action="store_true",
+                        help="ids hashed over 2^40 (the key declared with 2^40 rows): the disk index is a RunIndex")
+    parser.add_argument("--memtable", type=int, default=None,
+                        help="the RunIndex's memtable entries (default: the tier's share of the budget)")
     parser.add_argument("--append-rewrites", action="store_true",
                         help="rows updated on disk are appended anew, not written in place (segments.REWRITE_IN_PLACE)")
     args = parser.parse_args()
@@ -160,8 +182,13 @@ def main() -> int:
     disk = args.disk_dir or temp.name
     window = {} if args.admit_window is None else {"disk_admit_window": args.admit_window}
     settings = Settings(memory_budget=budget, disk_dir=disk if budget else "", evict=args.evict, **window)
+    if args.memtable:
+        from kvstore_lazy.server.keys import row_disk
+        row_disk.memtable_entries = lambda budget: args.memtable
+    ids_of = spread if args.hashed else (lambda ids: ids)
     server, workers, handle = start("sgd", lifecycle=settings)
-    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.rows, args.dim), "float32",
+    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (HASH_SPACE if args.hashed else args.rows,
+                                                                    args.dim), "float32",
                                                                '["uniform", {"scale": 0.07}]', 1)))
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
     base = rss()
@@ -171,14 +198,16 @@ def main() -> int:
     profile = cProfile.Profile(time.process_time) if args.profile else None     # CPU, the kernel's included
 
     walls: list[float] = []
+    threads: list[float] = []
 
     def step(ids_per_worker) -> float:
-        t, wall = time.process_time(), time.perf_counter()
+        t, wall, own = time.process_time(), time.perf_counter(), time.thread_time()
         for w, ids in zip(workers, ids_per_worker):
             handle(w.rows(ids, None))
         for w, ids in zip(workers, ids_per_worker):
             handle(w.rows(ids, grad[:len(ids)]))
         walls.append(time.perf_counter() - wall)
+        threads.append(time.thread_time() - own)
         return time.process_time() - t
 
     peak, order = base, rng.permutation(args.rows)
@@ -187,14 +216,15 @@ def main() -> int:
     fill_cpu = 0.0
     for lo in range(0, args.rows, per):
         part = order[lo:lo + per]
-        fill_cpu += step([np.sort(part[i::len(workers)]) for i in range(len(workers))])
+        fill_cpu += step([ids_of(np.sort(part[i::len(workers)])) for i in range(len(workers))])
         peak = max(peak, rss())
     fill_wall = time.perf_counter() - t
     before = moved(server)
     if profile:                 # the Zipf phase only
         profile.enable()
     walls.clear()
-    cpu = [step([zipf_ids(rng, args.rows, args.batch) for _ in workers]) for _ in range(args.steps)]
+    threads.clear()
+    cpu = [step([ids_of(zipf_ids(rng, args.rows, args.batch)) for _ in workers]) for _ in range(args.steps)]
     if profile:
         profile.disable()
     after = moved(server)
@@ -207,9 +237,13 @@ def main() -> int:
           f"{(peak - base) / 2**20:.1f} MiB)")
     print(f"zipf: {np.mean(cpu) * 1e3:.1f} ms CPU per step (2 workers' pull + push), {args.batch / np.mean(cpu):,.0f} "
           f"rows/s per worker if the server were the only cost; p99 {np.percentile(cpu, 99) * 1e3:.1f} ms; wall "
-          f"{np.mean(walls) * 1e3:.1f} ms per step")
+          f"{np.mean(walls) * 1e3:.1f} ms per step; the request thread's own CPU {np.mean(threads) * 1e3:.1f} ms "
+          "(the rest: the read threads' and the disk index's background thread's)")
     print("stats:", {k: st[k] for k in ("rows", "bytes", "disk_rows", "disk_bytes", "disk_index_bytes", "promoted",
                                         "demoted", "hit_rate") if k in st})
+    index = server.keys[KEY].disk.store._index if server.keys[KEY].disk is not None else None
+    if index is not None and hasattr(index, "counters"):
+        print("disk index (RunIndex):", {k: v for k, v in index.stats().items() if k != "run_entries"})
     if after:
         print("zipf phase, per step: " + ", ".join(f"{k} {(after[k] - before[k]) / max(1, args.steps):,.0f}"
                                                   for k in after))
@@ -218,7 +252,7 @@ def main() -> int:
     else:
         print(f"peak RSS (VmHWM) {_status('VmHWM') / 2**20:.1f} MiB")
     if profile:
-        pstats.Stats(profile).sort_stats(args.sort).print_stats(24)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
     return 0
 
 

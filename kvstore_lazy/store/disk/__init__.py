@@ -16,6 +16,7 @@
     runs        the index out of RAM: a memtable over sorted runs on disk (an LSM index)
     runwork     its background thread (flushes, merges a run file at a time), its groups of runs, its lookup cache
     runfile     one run file of it: blocks, fences, bloom filter, footer; its writer, its reader; the merge
+    runcalls    the compiled loops of the runs (store/kernels_runs.c) as checked numpy calls
 
 Callers import from :mod:`kvstore_lazy.store.segments`, which re-exports the names they use.
 """

@@ -35,6 +35,7 @@ import numpy as np
 
 from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
+from kvstore_lazy.store.disk import runcalls
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.files import fsync_path
 from kvstore_lazy.store.disk.pools import executor
@@ -46,7 +47,6 @@ RUN_PREFIX, RUN_SUFFIX, TEMP_SUFFIX = paths.RUN_PREFIX, paths.RUN_SUFFIX, paths.
 RUN_GLOB = f"{RUN_PREFIX}*{RUN_SUFFIX}"
 BLOCK_BYTES = 4096
 CHUNK = 1 << 16                     # entries a run's bloom filter is built from at a time (read back)
-READ_BLOCKS = 1024                  # blocks a lookup reads per batched call (1 MiB)
 READ_SPLIT = 256                    # a lookup of at least twice this many blocks reads half on a pool thread
 READ_RING = True                    # through an io_uring where the kernel has one (kernels.pread_records)
 _MAGIC = np.frombuffer(b"KVLZRUN1", np.uint64)[0]
@@ -89,7 +89,7 @@ def _bloom_where(ids: np.ndarray, nblocks: int, seed: int) -> tuple[np.ndarray, 
 
 
 def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
-    """Set the bits of ``ids`` (the numpy reference of ``kernels.runs_bloom_add``, which writes the same bits). No
+    """Set the bits of ``ids`` (the numpy reference of ``runcalls.runs_bloom_add``, which writes the same bits). No
     sort: ids sharing a block in one assignment overwrite each other (one wins), so the losers go again until every
     id's bits are set; in pieces of at most 1/4 of the filter's blocks, so few do."""
     step = min(max(256, len(bloom) // 4), 1 << 14)     # (a piece's temporaries: ~100 bytes an id)
@@ -106,7 +106,7 @@ def _bloom_add(bloom: np.ndarray, ids: np.ndarray, seed: int) -> None:
 
 
 def _bloom_test(bloom: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
-    """The numpy reference of ``kernels.runs_bloom_test``."""
+    """The numpy reference of ``runcalls.runs_bloom_test``."""
     block, masks = _bloom_where(ids, len(bloom), seed)
     words = bloom.view(_ROW).reshape(-1)[block].view(np.uint64).reshape(-1, 4)
     return ((words & masks.view(np.uint64)) == masks.view(np.uint64)).all(axis=1)
@@ -123,7 +123,7 @@ class Format:
         self.words = self.block_bytes // 4
         self.mult = (np.arange(self.words, dtype=np.uint64) * np.uint64(2) + np.uint64(0x2545F491)) & _M32
         self.mult[0] = 0                                        # the check word itself
-        self.mult32 = self.mult.astype(np.uint32)               # (each below 2^32: kernels.runs_verify's)
+        self.mult32 = self.mult.astype(np.uint32)               # (each below 2^32: runcalls.runs_verify's)
 
     def salts(self, number, blocks: np.ndarray) -> np.ndarray:
         """What a block's check mixes in: its run's number (one, or one a block) and its own."""
@@ -219,36 +219,39 @@ class Run:
         out = (ids >= self.fences[0]) & (ids <= self.last)
         at = np.flatnonzero(out)
         if len(at):
-            out[at] = kernels.runs_bloom_test(self.bloom, ids[at], self.seed)
+            out[at] = runcalls.runs_bloom_test(self.bloom, ids[at], self.seed)
         return out
 
 
-def read_blocks(runs: list[Run], which: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+def read_blocks(runs: list[Run], which: np.ndarray, blocks: np.ndarray, of_runs: tuple | None = None) -> np.ndarray:
     """Block ``blocks[i]`` of run ``runs[which[i]]`` for each i (ascending (run, block) pairs), read in one batched
     call (adjacent blocks of a file one read) and checked: (n, block_bytes) uint8; SegmentError naming the file and
-    the first bad block."""
+    the first bad block. ``of_runs``: the runs' (descriptors, numbers, entry counts) as arrays, if made already."""
     fmt = runs[0].fmt if runs else None
     if fmt is None or not len(blocks):
         return np.empty((0, fmt.block_bytes if fmt else BLOCK_BYTES), np.uint8)
-    fds = np.array([r.fd for r in runs], np.int32)[which]
+    fds, numbers, entries = of_runs if of_runs is not None else _of_runs(runs)
     buf = np.empty((len(blocks), fmt.block_bytes), np.uint8)
-    err, row = kernels.pread_records(fds, blocks.astype(np.int64) * fmt.block_bytes, fmt.block_bytes, buf,
+    err, row = kernels.pread_records(fds[which], blocks.astype(np.int64) * fmt.block_bytes, fmt.block_bytes, buf,
                                      READ_RING and uring())
     if err:
         what = "the file ends early" if err < 0 else os.strerror(err)
         raise SegmentError(f"index run {runs[int(which[row])].path}: cannot read block {int(blocks[row])}: {what}")
-    numbers = np.array([r.number for r in runs], np.uint64)[which]
-    entries = np.array([r.entries for r in runs], np.int64)[which]
-    first = kernels.runs_verify(buf, fmt.per_block, fmt.mult32, numbers, blocks, entries)
+    first = runcalls.runs_verify(buf, fmt.per_block, fmt.mult32, numbers[which], blocks, entries[which])
     if first >= 0:
         raise SegmentError(f"index run {runs[int(which[first])].path}: block {int(blocks[first])} is damaged "
                            "(failed check)")
     return buf
 
 
+def _of_runs(runs: list[Run]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (np.array([r.fd for r in runs], np.int32), np.array([r.number for r in runs], np.uint64),
+            np.array([r.entries for r in runs], np.int64))
+
+
 class Probe:
     """Lookups of batches in runs of disjoint id ranges, ascending (the runs of one flush or merge), through
-    ``kernels.runs_probe``: the arrays it takes (each run's range, the addresses of its fences and filter), made
+    ``runcalls.runs_probe``: the arrays it takes (each run's range, the addresses of its fences and filter), made
     once for these runs (which must stay open and keep their filters while this is used)."""
 
     def __init__(self, runs: list[Run]) -> None:
@@ -259,42 +262,40 @@ class Probe:
                      np.array([len(r.fences) for r in rs], np.int64),
                      np.array([r.bloom.ctypes.data for r in rs], np.uint64),
                      np.array([len(r.bloom) for r in rs], np.int64), np.array([r.seed for r in rs], np.uint64))
+        self.of_runs = _of_runs(rs)
 
     def __call__(self, ids: np.ndarray, after, counters: dict) -> tuple[np.ndarray, np.ndarray]:
         """(positions in ``ids`` (uint64, ascending) of the ids found, their locations, tombstones included); ids at
-        or below ``after`` (None: no bound) are not looked at. Each distinct block is read once (in pieces of
-        READ_BLOCKS; a large batch's pieces half on a pool thread, as the segments' records are read), checked,
-        and each id binary-searched in it."""
+        or below ``after`` (None: no bound) are not looked at. Each distinct block is read once, checked and
+        searched, one at a time by a compiled loop (``runcalls.runs_read_search``: one block's buffer, in cache while
+        it is checked and searched; for a large batch, half the blocks on a pool thread meanwhile)."""
         if not self.runs or not len(ids):
             return np.zeros(0, np.int64), np.zeros(0, np.uint32)
-        cand, row, table, block, refused = kernels.runs_probe(self.plan, after, ids)
+        cand, row, table, block, refused = runcalls.runs_probe(self.plan, after, ids)
         counters["bloom_negatives"] += refused
         if not len(cand):
             return cand, np.zeros(0, np.uint32)
         locs = np.empty(len(cand), np.uint32)
-        per_block = self.runs[0].fmt.per_block
+        fmt = self.runs[0].fmt
+        wanted = ids[cand]
 
-        def search(lo: int, hi: int) -> None:
-            buf = read_blocks(self.runs, table[lo:hi], block[lo:hi])
-            a, b = np.searchsorted(row, [lo, hi], side="left")
-            locs[a:b] = kernels.runs_search(buf, per_block, row[a:b] - lo, ids[cand[a:b]])
+        def search(start: int, end: int) -> None:          # blocks [start, end): read, checked, searched in C
+            code, u, err = runcalls.runs_read_search(self.of_runs, table, block, start, end, fmt.block_bytes,
+                                                    fmt.per_block, fmt.mult32, row, wanted, locs)
+            if code:
+                run, number = self.runs[int(table[u])], int(block[u])
+                if code == 2:
+                    raise SegmentError(f"index run {run.path}: block {number} is damaged (failed check)")
+                what = "the file ends early" if err < 0 else os.strerror(err)
+                raise SegmentError(f"index run {run.path}: cannot read block {number}: {what}")
 
         nblocks = len(table)
-        pieces = [(lo, min(lo + READ_BLOCKS, nblocks)) for lo in range(0, nblocks, READ_BLOCKS)]
-        if nblocks >= 2 * READ_SPLIT and len(pieces) == 1:
-            pieces = [(0, nblocks // 2), (nblocks // 2, nblocks)]
-        if nblocks >= 2 * READ_SPLIT:
-            def others() -> None:
-                for lo, hi in pieces[1::2]:
-                    search(lo, hi)
-
-            other = executor("index", 1).submit(others)
-            for lo, hi in pieces[::2]:
-                search(lo, hi)
+        if nblocks >= 2 * READ_SPLIT:                       # the second half on the pool's thread meanwhile
+            other = executor("index", 1).submit(search, nblocks // 2, nblocks)
+            search(0, nblocks // 2)
             other.result()
         else:
-            for lo, hi in pieces:
-                search(lo, hi)
+            search(0, nblocks)
         counters["blocks_read"] += nblocks
         hit = locs != EMPTY
         counters["bloom_false"] += int(len(cand) - hit.sum())
@@ -377,7 +378,7 @@ class RunWriter:
             buf = buf.reshape(nb, fmt.block_bytes)
             _, ids, _ = fmt.ids_locs(buf)
             n = min(nb * fmt.per_block, self.entries - lo * fmt.per_block)
-            kernels.runs_bloom_add(bloom, ids.reshape(-1)[:n], _SEED)
+            runcalls.runs_bloom_add(bloom, ids.reshape(-1)[:n], _SEED)
         for part in (fences, bloom):
             raw = part.view(np.uint8).reshape(-1)
             write_all(self.fd, raw)
@@ -475,7 +476,7 @@ def merged(sources: list[Iterator[tuple[np.ndarray, np.ndarray]]], drop_tombston
                 held[i] = (h_ids[cut:], h_locs[cut:])
             else:
                 held[i] = _next_chunk(sources[i])
-        yield kernels.runs_merge(pieces, drop_tombstones)       # (by id, the newest source's entry)
+        yield runcalls.runs_merge(pieces, drop_tombstones)       # (by id, the newest source's entry)
 
 
 def _next_chunk(source: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -180,9 +180,11 @@ class RunIndex:
                 out[order[pending[hit]]] = table.arrays()[0][slots[hit], 0]
                 pending = pending[~hit]
         if len(pending) and self._groups:
-            hit, locs = self._cache.get(sids[pending])
+            locs = self._cache.get(sids[pending])
+            hit = locs != EMPTY
             out[order[pending[hit]]] = locs[hit]
             self.counters["cache_hits"] += int(hit.sum())
+            pending = pending[~hit]
             found, locs = _probe_groups(self._groups, sids[pending], self.counters)
             out[order[pending[found]]] = locs
             self._cache.put(sids[pending[found]], locs)
@@ -392,8 +394,9 @@ class RunIndex:
         return sources
 
     def _freeze(self) -> None:
-        """Hand the memtable to the background thread to be written as a group of runs, a new one taking its place.
-        First the one before it must be written (waited for; written again if its write failed)."""
+        """Hand the memtable to the background thread to be written as a group of runs, a new one taking its place,
+        once the one before it is written (waited for; written again if its write failed). The first run is waited
+        for too: a store makes its live bits when the index has runs (SegmentStore._ensure_bits)."""
         if self._flush is not None:
             self._harvest(wait_for=self._flush)
         if self._frozen is not None:            # its write failed: again, and wait
@@ -402,10 +405,11 @@ class RunIndex:
         if len(self._mem):
             self._frozen, self._mem = self._mem, self._new_memtable()
             self._start_flush()
+            if not self._groups:
+                self._harvest(wait_for=self._flush)
 
     def _start_flush(self) -> None:
-        frozen = self._frozen
-        n = len(frozen)
+        frozen, n = self._frozen, len(self._frozen)
         self._flush = Job("flush", ids=frozen.row_ids_view()[:n], locs=frozen.arrays()[0][:n, 0])
         self._work.submit(self._flush)
 

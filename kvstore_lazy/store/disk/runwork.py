@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstore_lazy.store import kernels
+from kvstore_lazy.store.disk import runcalls
 from kvstore_lazy.store.disk.errors import DiskError
 from kvstore_lazy.store.disk.runfile import EMPTY, Format, Probe, Run, RunWriter, merged, rechunk
 
@@ -62,7 +62,7 @@ class Group:
         """A mask of the ``ids`` (ascending) one of its runs may hold (id range and filter: no read)."""
         out = np.zeros(len(ids), bool)
         if self.runs and len(ids):
-            out[kernels.runs_probe(self.probe().plan, None, ids)[0]] = True
+            out[runcalls.runs_probe(self.probe().plan, None, ids)[0]] = True
         return out
 
 
@@ -93,25 +93,19 @@ class Recent:
         self.entries = entries
         self.ids = np.zeros(0, np.uint64)
         self.locs = np.zeros(0, np.uint32)
-        self.shift = np.uint64(64 - max(1, entries.bit_length() - 1))
+        self.shift = 64 - max(1, entries.bit_length() - 1)
 
-    def _slots(self, ids: np.ndarray) -> np.ndarray:
-        return ((ids * np.uint64(0x9E3779B97F4A7C15)) >> self.shift).astype(np.intp)
-
-    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mask of the ``ids`` held, the locations: meaningful where held)."""
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """The location held for each of ``ids``, EMPTY where none is."""
         if not len(self.ids):
-            return np.zeros(len(ids), bool), np.zeros(len(ids), np.uint32)
-        slots = self._slots(ids)
-        locs = self.locs[slots]
-        return (locs != EMPTY) & (self.ids[slots] == ids), locs
+            return np.full(len(ids), EMPTY, np.uint32)
+        return runcalls.runs_cache_get(self.ids, self.locs, self.shift, ids)
 
     def put(self, ids: np.ndarray, locs: np.ndarray) -> None:
         if self.entries and not len(self.ids):
             self.ids, self.locs = np.zeros(self.entries, np.uint64), np.full(self.entries, EMPTY, np.uint32)
-        if len(self.ids) and len(ids):
-            slots = self._slots(ids)
-            self.ids[slots], self.locs[slots] = ids, locs
+        if len(self.ids):
+            runcalls.runs_cache_put(self.ids, self.locs, self.shift, ids, locs)
 
     def clear(self) -> None:
         self.locs.fill(EMPTY)
@@ -207,7 +201,7 @@ class Worker:
                 self.cond.notify_all()
 
     def _flush_steps(self, job: Job) -> Generator[tuple, None, None]:
-        order = np.argsort(job.ids, kind="stable")
+        order = np.argsort(job.ids)                # (a memtable's ids are unique: no need of a stable sort)
         runs: list[Run] = []
         try:
             runs.extend(self._tables(iter([(job.ids[order], job.locs[order])])))
