@@ -75,6 +75,7 @@ SERVER_PYTHON ?= $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.13.*/bin/p
 SERVER_VENV   := .venv-server
 SERVER_NUMPY  ?= numpy==2.5.5
 SERVER_TESTS  := tests/test_protocol.py tests/test_fast.py tests/test_rows.py tests/test_segments.py tests/test_kernels.py tests/test_compression.py \
+                 tests/test_disk_runs.py tests/test_disk_runs_background.py \
                  tests/test_cli.py tests/test_layers.py tests/test_promexport.py \
                  tests/test_recovery.py tests/test_launch.py tests/test_transport.py
 SERVER_JOBS   := tests/test_server_python.py \

@@ -1237,6 +1237,27 @@ TIER_ROW_BYTES = 2 * 32 * 4 + 8 + 8
 TIER_RECORD_BYTES = 8 + 4 + 2 * 32 * 4 + 8      # a segment record: id, check, weights, momentum, columns
 
 
+SPREAD_FACTOR = 0x9E3779B1          # prime: id -> id x this mod the key's rows is one to one (their gcd is 1)
+# rows.py as it is, its id streams (common.row_stream over BENCH_SPREAD_FROM ids) mapped one to one over the
+# BENCH_SPREAD_OVER rows of its key: the same rows and traffic, spread as hashed ids are
+SPREAD_ROWS_WORKER = f"""
+import os, runpy, sys
+import numpy as np
+rows_py = sys.argv.pop(1)
+sys.path.insert(0, os.path.dirname(rows_py))
+import common
+inner, rows, over = common.row_stream, int(os.environ["BENCH_SPREAD_FROM"]), int(os.environ["BENCH_SPREAD_OVER"])
+class Spread:
+    def __init__(self, stream):
+        self.stream = stream
+    def next(self):
+        return np.sort(self.stream.next() * np.int64({SPREAD_FACTOR}) % np.int64(over))
+common.row_stream = lambda kind, input_dim, batch, seed, rank, workers=2: \\
+    Spread(inner(kind, rows, batch, seed, rank, workers))
+runpy.run_path(rows_py, run_name="__main__")
+"""
+
+
 def tiered_disk_dir(bench: Bench, name: str) -> Path:
     path = bench.runs_dir / f"tiered-disk-{name}"
     if not bench.args.report_only and path.exists():
@@ -1314,31 +1335,46 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
     fill = working // per_step
     phases = ["--phases", f"{batch}:{fill}:fresh,{batch}:{c['zipf_steps']}:zipf"]
     # repeats: pairs of jobs back to back, alternating which goes first (one job's rate moves +-20% on a shared
-    # 2-core VM, mostly the in-memory one's); the verdict is on the median of the pairs' ratios
+    # 2-core VM, mostly the in-memory one's); the verdict is on the median of the pairs' ratios. Two arms, their
+    # pairs interleaved: the key of exactly the working set (its disk index dense), and the same id streams spread
+    # one to one over the most rows a stock worker declares (2^31 values: its dense index would take 4 bytes of each
+    # of them, past a quarter of the budget, so the tier indexes the rows on disk with the RunIndex)
     repeats = int(c.get("zipf_repeats", 1))
-    pairs: list[dict] = []
+    spread = (2**31 - 1) // dim
+    assert math.gcd(SPREAD_FACTOR, spread) == 1 and 4 * spread * 4 > zipf_budget
+    arms = {"dense": {"command": base + ["--input-dim", str(working)] + phases, "env": {}},
+            "spread": {"command": [sys.executable, "-c", SPREAD_ROWS_WORKER, str(WORKERS / "rows.py")] + base[2:]
+                       + ["--input-dim", str(spread)] + phases,
+                       "env": {"BENCH_SPREAD_FROM": str(working), "BENCH_SPREAD_OVER": str(spread)}}}
+    pairs_of: dict[str, list[dict]] = {arm: [] for arm in arms}
     for r in range(repeats):
-        pair = {}
-        for name in ("memory", "tier") if r % 2 == 0 else ("tier", "memory"):
-            disk = tiered_disk_dir(bench, name)
-            env = {} if name == "memory" else {"KVSTORE_LAZY_MEMORY_BUDGET": str(zipf_budget),
-                                               "KVSTORE_LAZY_DISK_DIR": str(disk)}
-            run = bench.job(f"tiered-zipf-{name}" + (f"-{r + 1}" if repeats > 1 else ""), "lazy",
-                            base + ["--input-dim", str(working)] + phases,
-                            timeout=max(bench.cfg["timeout"], (fill + c["zipf_steps"]) * 3), server_env=env,
-                            sample_peaks=True)
-            rate, p99 = per_worker_rates(run, 1)
-            pair[name] = {"rate": rate, "p99_ms": p99, "stats": tier_stats(run), "status": run.status,
-                          "peak_rss": max((p for p in run.server_peaks if p), default=None)}
-            shutil.rmtree(disk, ignore_errors=True)
-        pair["ratio"] = pair["tier"]["rate"] / pair["memory"]["rate"] \
-            if pair["tier"]["rate"] and pair["memory"]["rate"] else None
-        pairs.append(pair)
-    ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
-    mid = float(np.median(ratios)) if ratios else None
-    # the pair whose ratio is the median (the lower middle one of an even number) speaks for the rest
-    results = min((p for p in pairs if p["ratio"] is not None), key=lambda p: abs(p["ratio"] - mid)) \
-        if mid is not None else pairs[0]
+        for arm, how in arms.items():
+            pair = {}
+            for name in ("memory", "tier") if r % 2 == 0 else ("tier", "memory"):
+                disk = tiered_disk_dir(bench, name)
+                env = {} if name == "memory" else {"KVSTORE_LAZY_MEMORY_BUDGET": str(zipf_budget),
+                                                   "KVSTORE_LAZY_DISK_DIR": str(disk)}
+                run = bench.job(f"tiered-zipf-{name}" + ("-spread" if arm == "spread" else "")
+                                + (f"-{r + 1}" if repeats > 1 else ""), "lazy", how["command"],
+                                timeout=max(bench.cfg["timeout"], (fill + c["zipf_steps"]) * 3), server_env=env,
+                                env=how["env"], sample_peaks=True)
+                rate, p99 = per_worker_rates(run, 1)
+                pair[name] = {"rate": rate, "p99_ms": p99, "stats": tier_stats(run), "status": run.status,
+                              "peak_rss": max((p for p in run.server_peaks if p), default=None)}
+                shutil.rmtree(disk, ignore_errors=True)
+            pair["ratio"] = pair["tier"]["rate"] / pair["memory"]["rate"] \
+                if pair["tier"]["rate"] and pair["memory"]["rate"] else None
+            pairs_of[arm].append(pair)
+    medians: dict[str, tuple] = {}
+    for arm, pairs in pairs_of.items():
+        ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
+        mid = float(np.median(ratios)) if ratios else None
+        # the pair whose ratio is the median (the lower middle one of an even number) speaks for the rest
+        results = min((p for p in pairs if p["ratio"] is not None), key=lambda p: abs(p["ratio"] - mid)) \
+            if mid is not None else pairs[0]
+        medians[arm] = (ratios, mid, results)
+    ratios, mid, results = medians["dense"]
+    pairs = pairs_of["dense"]
     mem, tier = results["memory"], results["tier"]
     each = f" (pairs: {', '.join(f'{x:.2f}x' for x in ratios)})" if len(ratios) > 1 else ""
     rows.append([f"(b) Zipf(1.2), {num(working)} rows", "rows/s per worker: all in memory / tier" +
@@ -1353,6 +1389,22 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
                  f"{num(ts.get('promoted'))}, {num(ts.get('demoted'))}", "", ""])
     rows.append(["", "server peak RSS: in memory / tier", f"{mib(mem['peak_rss'])} / {mib(tier['peak_rss'])}", "",
                  ""])
+    h_ratios, h_mid, h_results = medians["spread"]
+    h_mem, h_tier = h_results["memory"], h_results["tier"]
+    each = f" (pairs: {', '.join(f'{x:.2f}x' for x in h_ratios)})" if len(h_ratios) > 1 else ""
+    rows.append([f"(b) the same ids spread over {num(spread)} rows (RunIndex)", "rows/s per worker: all in memory / "
+                 "tier" + (f", the median pair of {len(pairs_of['spread'])}" if len(pairs_of["spread"]) > 1 else ""),
+                 f"{num(h_mem['rate'])} / {num(h_tier['rate'])}{each}",
+                 f"{h_mid:.2f}x" if h_mid is not None else "-",
+                 verdict(bool(h_mid is not None and h_mid >= 0.5), ">= 50% of in memory")])
+    rows.append(["", "p99 of pull + push (ms): in memory / tier",
+                 f"{h_mem['p99_ms']:.1f} / {h_tier['p99_ms']:.1f}" if h_mem["p99_ms"] and h_tier["p99_ms"] else "-",
+                 "", ""])
+    hs = h_tier["stats"]
+    rows.append(["", "tier: rows in memory / on disk, hit rate; disk index: bytes of RAM a row on disk, block "
+                 "reads a lookup", f"{num(hs.get('rows'))} / {num(hs.get('disk_rows'))}, "
+                 f"{hs.get('hit_rate', 0):.3f}; {hs.get('disk_index_bytes', 0) / max(1, hs.get('disk_rows', 0)):.2f}"
+                 f" B, {hs.get('disk_index_reads_per_lookup', 0):.3f}", "", ""])
     zipf_disk = ts.get("disk_bytes", 0) / ts["disk_rows"] if ts.get("disk_rows") else None
     rows.append(["(c) bytes on disk", "per row on disk after the Zipf phase (promotions leave garbage; the "
                  "emptiest sealed segments are compacted while the store is past 25% garbage)",
@@ -1360,11 +1412,17 @@ def scenario_tiered(bench: Bench) -> tuple[str, dict]:
                  ratio(zipf_disk, raw), verdict(zipf_disk is not None and zipf_disk <= 1.5 * raw,
                                                 f"<= 1.5 x raw ({raw} B)")])
     data["zipf"] = dict(results, working_rows=working, budget=zipf_budget, pairs=pairs, median_ratio=mid)
+    data["zipf_spread"] = dict(h_results, working_rows=working, key_rows=spread, budget=zipf_budget,
+                               pairs=pairs_of["spread"], median_ratio=h_mid)
     notes = [f"1 server, 2 stock workers, dist_sync, SGD momentum, D={dim}, B={batch} unique rows per worker "
              f"per step (scripts/bench_workers/rows.py); KVSTORE_LAZY_DISK_DIR under the runs directory",
              f"(a) {num(steps)} steps of fresh rows fill the server; (b) the key has exactly the working set "
              f"(5 x budget / {TIER_ROW_BYTES} B a row), filled with fresh rows first, then {c['zipf_steps']} steps "
              "of Zipf(1.2) ids; rows/s per worker: rows pulled and pushed per second of that worker's request time",
+             f"(b) spread: the same id streams mapped one to one over {num(spread)} rows (id x {SPREAD_FACTOR:#x} mod "
+             "that; the most rows a stock worker declares at this D: 2^31 values), as hashed ids are: a dense disk "
+             "index of them would take more than a quarter of the budget, so the tier's is the RunIndex (a stock "
+             "worker cannot declare the 2^40 rows of scripts/bench_workers/tiered.py --hashed)",
              f"raw bytes of a row: weights + momentum ({raw} B); a disk record adds its id, a check and the 8 B "
              f"of policy columns ({TIER_RECORD_BYTES} B); disk bytes count whole fixed-size segment files"]
     return (table("Scenario 7: disk tier (ours only)", ["run", "metric", "value", "ratio", "target"], rows, notes),

@@ -31,6 +31,23 @@ from kvstore_lazy.store.disk.runfile import EMPTY, Format, Probe, Run, RunWriter
 CHUNK = 1 << 16                     # entries a merge holds of all its inputs together
 
 
+_LIBC: list = []
+
+
+def _trim() -> None:
+    """Give the free memory of this thread's malloc arena back (glibc: ``malloc_trim``). A job's temporaries (chunks
+    below the mmap threshold, store/tier.py) come from the thread's own arena, which would otherwise keep up to the
+    trim threshold of them between jobs. No glibc: nothing."""
+    if not _LIBC:
+        try:
+            import ctypes
+            _LIBC.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
 class Group:
     """Runs of disjoint id ranges, ascending, written by one flush or merge; while a merge takes it in, it answers
     only the ids above ``after`` (the merge's output holds the others)."""
@@ -194,6 +211,7 @@ class Worker:
                 event, final = ("failed", job, exc), True
             if final:
                 job.steps.close()                   # (its readers let go of the runs they read)
+                _trim()
             with self.cond:
                 if final:
                     self._todo.remove(job)
@@ -202,9 +220,10 @@ class Worker:
 
     def _flush_steps(self, job: Job) -> Generator[tuple, None, None]:
         order = np.argsort(job.ids)                # (a memtable's ids are unique: no need of a stable sort)
-        runs: list[Run] = []
+        sorted_parts = ((job.ids[part], job.locs[part]) for part in np.array_split(order, -(-len(order) // CHUNK)))
+        runs: list[Run] = []                        # (gathered a chunk at a time: no sorted copy of the memtable)
         try:
-            runs.extend(self._tables(iter([(job.ids[order], job.locs[order])])))
+            runs.extend(self._tables(sorted_parts))
         except BaseException:
             for run in runs:                    # a part of the memtable, written: it goes (written again whole)
                 run.close()
