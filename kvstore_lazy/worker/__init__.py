@@ -181,10 +181,16 @@ def _pull_rows(kv, key, shape, dtype, row_ids: np.ndarray) -> tuple[np.ndarray, 
     return out.indices.asnumpy().astype(np.int64), out.data.asnumpy()
 
 
-# Rows (and virtual rows of ROWS_WIDTH values) per pull of fetch_rows/fetch_states: a server answers a checkpoint's
-# reads in pieces of this size (rows on a disk tier are read from disk piece by piece, never all at once).
-FETCH_ROWS = 1 << 18
-FETCH_VIRTUAL_ROWS = 1 << 16
+# Bytes of reply a pull of fetch_rows/fetch_states asks for: a server answers a checkpoint's reads in pieces of this
+# size (rows on a disk tier are read from disk piece by piece, never all at once), a piece whatever the rows' width,
+# so that what a server holds for a checkpoint's pull is a small fixed part of any memory budget.
+FETCH_BYTES = 8 << 20
+
+
+def piece_rows(row_bytes: int) -> int:
+    """Rows (or virtual rows of ROWS_WIDTH values) a pull of fetch_rows/fetch_states asks for: FETCH_BYTES of reply,
+    at least one row."""
+    return max(1, FETCH_BYTES // max(1, int(row_bytes)))
 
 
 def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = False):
@@ -208,7 +214,8 @@ def fetch_rows(kv: "mx.kv.KVStore", key, shape, dtype="float32", states: bool = 
     if len(ids) == 0:
         empty = np.zeros((0,) + row_shape, dtype)
         return (ids, empty, [empty.astype(np.float32) for _ in range(num_states)]) if states else (ids, empty)
-    parts = [_pull_rows(kv, key, shape, dtype, ids[lo:lo + FETCH_ROWS]) for lo in range(0, len(ids), FETCH_ROWS)]
+    piece = piece_rows(int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    parts = [_pull_rows(kv, key, shape, dtype, ids[lo:lo + piece]) for lo in range(0, len(ids), piece)]
     got, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     assert np.array_equal(got, ids)
     if not states:
@@ -291,8 +298,9 @@ def _read_chunks(kv, virtual: int, dtype, counts: list[int], first_row: int) -> 
     rows = np.concatenate(wanted).astype(np.int64)
     if len(rows) == 0:
         return [np.zeros(0, dtype) for _ in counts]
-    pulled = [_pull_rows(kv, _vkey(kv, virtual), _virtual_shape(servers), dtype, rows[lo:lo + FETCH_VIRTUAL_ROWS])
-              for lo in range(0, len(rows), FETCH_VIRTUAL_ROWS)]
+    piece = piece_rows(proto.ROWS_WIDTH * np.dtype(dtype).itemsize)
+    pulled = [_pull_rows(kv, _vkey(kv, virtual), _virtual_shape(servers), dtype, rows[lo:lo + piece])
+              for lo in range(0, len(rows), piece)]
     got, chunks = np.concatenate([p[0] for p in pulled]), np.concatenate([p[1] for p in pulled])
     assert np.array_equal(got, rows)
     out, at = [], 0

@@ -7,8 +7,8 @@ measured exactly (VmHWM reset on entry, ``/proc/self/clear_refs``):
 - ``train``: B fresh rows per worker and step until ``--rows`` rows exist (promotions, demotions, compaction);
 - ``zipf``: Zipf(1.2) steps over them;
 - ``fetch_rows``: what ``kvstore_lazy.worker.fetch_rows`` asks of a server (LAZY_ROWS, the ROWS_HEADER_KEY pulls
-  of the header and of the listed ids in pieces of FETCH_VIRTUAL_ROWS, the rows in pieces of FETCH_ROWS);
-- ``fetch_states``: what ``fetch_states`` asks (the flat-state keys' pulls, FETCH_VIRTUAL_ROWS at a time);
+  of the header and of the listed ids, then the rows, in pieces of FETCH_BYTES of reply);
+- ``fetch_states``: what ``fetch_states`` asks (the flat-state keys' pulls, FETCH_BYTES at a time);
 - ``snapshot_base``, then ``zipf`` steps and ``snapshot_delta``: a base and a delta of the snapshot chain;
 - ``restore``: a new server restored from the chain in a fresh process, as a restarted server is (load_snapshot
   in pieces, KVServer.restore); its growth is over that process's RSS before it.
@@ -48,7 +48,7 @@ from kvstore_lazy.protocol import mxnet as mx  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs  # noqa: E402
 from kvstore_lazy.server.core import KVServer  # noqa: E402
 from kvstore_lazy.server.lifecycle import Settings, parse_bytes  # noqa: E402
-from kvstore_lazy.worker import FETCH_ROWS, FETCH_VIRTUAL_ROWS, lazy_spec_body  # noqa: E402
+from kvstore_lazy.worker import FETCH_BYTES, lazy_spec_body, piece_rows  # noqa: E402
 
 SPREAD = 1_000_000_007     # see train()
 ROW_SPARSE_F64 = mx.command_code(mx.ROW_SPARSE, mx.DTYPE_FLAGS[np.dtype(np.float64)])
@@ -198,8 +198,9 @@ def main() -> int:
         count = int(np.frombuffer(header.data[1], np.float64)[0])
         virtual = -(-count // mx.ROWS_WIDTH)
         ids = tempfile.TemporaryFile(dir=root)
-        for lo in range(0, virtual, FETCH_VIRTUAL_ROWS):
-            rows = 1 + np.arange(lo, min(lo + FETCH_VIRTUAL_ROWS, virtual))
+        piece = piece_rows(mx.ROWS_WIDTH * 8)
+        for lo in range(0, virtual, piece):
+            rows = 1 + np.arange(lo, min(lo + piece, virtual))
             for _, reply in server.handle(pull_virtual(w, mx.ROWS_HEADER_KEY, rows, ROW_SPARSE_F64)):
                 got = np.frombuffer(reply.data[1], np.float64)
                 for at in range(0, len(got), 1 << 16):
@@ -211,8 +212,9 @@ def main() -> int:
         ids, count = listing()
         got = 0
         with ids:
-            for lo in range(0, count, FETCH_ROWS):
-                n = min(FETCH_ROWS, count - lo)
+            piece = piece_rows(4 * args.dim)
+            for lo in range(0, count, piece):
+                n = min(piece, count - lo)
                 piece = np.frombuffer(os.pread(ids.fileno(), 8 * n, 8 * lo), np.int64)
                 for _, reply in server.handle(w.rows(piece, None)):
                     got += len(reply.data[1]) // (4 * args.dim) if len(reply.data) > 1 else 0
@@ -226,8 +228,9 @@ def main() -> int:
         ids.close()
         virtual = -(-count * args.dim // mx.ROWS_WIDTH)
         got = 0
-        for lo in range(0, virtual, FETCH_VIRTUAL_ROWS):     # (a piece's rows at a time: 8 B a virtual row)
-            rows = np.arange(lo, min(lo + FETCH_VIRTUAL_ROWS, virtual))
+        piece = piece_rows(mx.ROWS_WIDTH * 4)
+        for lo in range(0, virtual, piece):     # (a piece's rows at a time: 8 B a virtual row)
+            rows = np.arange(lo, min(lo + piece, virtual))
             for _, reply in server.handle(pull_virtual(w, mx.flat_state_key(0), rows, ROW_SPARSE_F32)):
                 got += len(reply.data[1])
                 del reply
@@ -261,7 +264,7 @@ def main() -> int:
         phases.rows.append(("restore", got["entry"] - got["base"] + base, got["peak"] - got["base"] + base,
                             got["seconds"], got["accounted"]))
     print(f"{args.rows:,} rows trained of a ({args.input_dim:,}, {args.dim}) key (SGD momentum), B={args.batch}, "
-          f"budget {args.budget}, fetch pieces {FETCH_ROWS:,} rows / {FETCH_VIRTUAL_ROWS:,} virtual rows")
+          f"budget {args.budget}, fetch pieces of {FETCH_BYTES >> 20} MiB")
     print("stats:", {k: stats[k] for k in ("rows", "bytes", "disk_rows", "disk_index_bytes") if k in stats})
     print(phases.report())
     if trace:

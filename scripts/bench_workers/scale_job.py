@@ -15,7 +15,7 @@ Two jobs, one server each, on the same snapshot and disk directories:
   before the answer, then the periodic chain's next snapshot, a base, written before the next request: a LAZY_STATS
   ends that phase); Zipf(1.2) pull + push steps over the rows; LAZY_SNAPSHOT again (tagged, then the chain's delta);
   ``fetch_rows`` of the whole key with the requests ``kvstore_lazy.worker.fetch_rows`` makes (LAZY_ROWS, the header
-  and the listed ids through ROWS_HEADER_KEY in pieces of FETCH_VIRTUAL_ROWS, the rows in pieces of FETCH_ROWS),
+  and the listed ids through ROWS_HEADER_KEY, then the rows, in pieces of FETCH_BYTES of reply),
   each piece checked and dropped. Then it leaves without kStopServer, as a preempted job: the launcher stops the
   server, which writes no shutdown snapshot, so the chain on disk is base + delta.
 - ``--role restore``: the server starts with KVSTORE_LAZY_RESUME=latest on that chain (base and delta folded, the
@@ -56,7 +56,7 @@ from kvstore_lazy.protocol import mxnet as proto  # noqa: E402
 from kvstore_lazy.protocol.kv import RowsHeader  # noqa: E402
 from kvstore_lazy.protocol.message import KVPairs, decode_kv  # noqa: E402
 from kvstore_lazy.protocol.pbmeta import Meta  # noqa: E402
-from kvstore_lazy.worker import FETCH_ROWS, FETCH_VIRTUAL_ROWS  # noqa: E402
+from kvstore_lazy.worker import piece_rows  # noqa: E402
 
 KEY = 3
 ID_BITS = 40
@@ -397,14 +397,15 @@ class ScaleJob:
         return RowsHeader.from_row(self.virtual_pull(np.zeros(1, np.int64)))
 
     def listing(self) -> dict:
-        """The header and every listed id, FETCH_VIRTUAL_ROWS virtual rows a pull; kept as uint32 gaps (the worker's
+        """The header and every listed id, a piece of virtual rows a pull; kept as uint32 gaps (the worker's
         side is not what is measured: 4 bytes a row, not fetch_rows' 8)."""
         head = self.header()
         count, chunks = head.count, -(-head.count // proto.ROWS_WIDTH)
         gaps = np.empty(count, np.uint32)
         at, last, digest = 0, -1, 0
-        for lo in range(0, chunks, FETCH_VIRTUAL_ROWS):
-            rows = 1 + np.arange(lo, min(lo + FETCH_VIRTUAL_ROWS, chunks), dtype=np.int64)
+        piece = piece_rows(proto.ROWS_WIDTH * 8)
+        for lo in range(0, chunks, piece):
+            rows = 1 + np.arange(lo, min(lo + piece, chunks), dtype=np.int64)
             vals = self.virtual_pull(rows)[:count - at]
             ids = vals.astype(np.int64)
             if not np.array_equal(ids, vals) or len(ids) == 0 or ids[0] <= last or np.any(ids[1:] <= ids[:-1]):
@@ -422,14 +423,15 @@ class ScaleJob:
                 "header": {name: getattr(head, name) for name in RowsHeader.FIELDS}}
 
     def fetch(self) -> dict:
-        """The rows of the listing, FETCH_ROWS a pull; every piece checked (finite values) and dropped, the sample's
+        """The rows of the listing, a piece a pull; every piece checked (finite values) and dropped, the sample's
         rows kept."""
         args = self.args
         sample = self.sample["ids"]
         fetched = np.full((len(sample), args.dim), np.nan, np.float32)
         last, finite, pulls = -1, True, 0
-        for lo in range(0, len(self.gaps), FETCH_ROWS):
-            ids = np.cumsum(self.gaps[lo:lo + FETCH_ROWS], dtype=np.int64) + last
+        piece = piece_rows(4 * args.dim)
+        for lo in range(0, len(self.gaps), piece):
+            ids = np.cumsum(self.gaps[lo:lo + piece], dtype=np.int64) + last
             last = int(ids[-1])
             vals = self.pull_values(0, ids)
             pulls += 1
@@ -471,7 +473,8 @@ class ScaleJob:
         expect = np.load(self.args.expect)
         head = self.header()
         ids = expect["ids"]
-        got = np.concatenate([self.pull_values(0, ids[lo:lo + FETCH_ROWS]) for lo in range(0, len(ids), FETCH_ROWS)])
+        piece = piece_rows(4 * self.args.dim)
+        got = np.concatenate([self.pull_values(0, ids[lo:lo + piece]) for lo in range(0, len(ids), piece)])
         same = np.all(got.view(np.uint32) == expect["fetched"].view(np.uint32), axis=1)
         return {"restored_rows": head.count, "sample": len(ids), "sample_equal_fetched": int(same.sum())}
 

@@ -55,8 +55,7 @@ results = {}
 if rank == 0:
     for key in sorted(keys):
         if args.fetch_chunk:
-            kvstore_lazy.worker.FETCH_ROWS = args.fetch_chunk
-            kvstore_lazy.worker.FETCH_VIRTUAL_ROWS = max(1, args.fetch_chunk * args.dim // 64)
+            kvstore_lazy.worker.FETCH_BYTES = args.fetch_chunk * args.dim * 4     # pieces of fetch_chunk rows
             ids, values, states = fetch_rows(kv, key, shape, states=True)
             results[f"values{key}"], results[f"state{key}"] = values, states[0]
         else:
