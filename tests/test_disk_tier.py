@@ -492,6 +492,22 @@ def open_files_in(directory) -> int:
     return sum(link.startswith(str(directory) + "/") for link in links)
 
 
+def test_a_listing_merges_the_memory_rows_a_range_at_a_time_with_the_disk_rows_in_order(tmp_path, monkeypatch):
+    """row_id_chunks (what a checkpoint's listing file is written from): the rows in memory sorted a range of ids
+    at a time (store.pieces.id_ranges), merged piece by piece with the disk index's stream; every piece ascending,
+    the pieces in order, together exactly the key's ids in both tiers."""
+    from kvstore_lazy.store import pieces
+    monkeypatch.setattr(pieces, "ORDER_PASS", 40)
+    tier, _ = run(streams(rounds=30, span=20_000, batch=100), Settings(memory_budget=BUDGET, disk_dir=str(tmp_path)))
+    entry = tier.server.keys[KEY]
+    assert len(entry.disk) > 300 and len(entry._table) > 50
+    expect = entry.all_rows()["row_ids"]
+    for chunk in (7, 64, 1 << 16):
+        got = list(entry.row_id_chunks(chunk))
+        assert all(len(p) and (np.diff(p.astype(np.int64)) > 0).all() for p in got)
+        assert np.array_equal(np.concatenate(got), expect), chunk
+
+
 def test_a_checkpoint_listing_of_a_disk_tier_key_is_a_file_read_back_by_position(tmp_path):
     """LAZY_ROWS of a key with a disk tier: the ids of that moment, both tiers, ascending, written to an unnamed
     temporary file in the key's store directory (no id list in RAM, no name left in the directory), read back piece

@@ -607,3 +607,36 @@ def test_a_table_stops_listing_its_removed_ids_past_a_share_of_its_bytes(monkeyp
     table.clear_changes()
     table.remove_slots(table.lookup(np.arange(share + 10, share + 20, dtype=np.uint64)))
     assert table.changes_complete and table.changes()["removed"].tolist() == list(range(share + 10, share + 20))
+
+
+@pytest.mark.parametrize("layout", ["uniform", "sequential", "clustered", "extremes"])
+def test_a_table_sorted_a_range_of_ids_at_a_time_is_argsort(layout, monkeypatch):
+    """store.pieces.id_ranges cuts the ids into ranges at quantiles of a sample and sorts one range at a time (a
+    snapshot or a checkpoint's listing never holds a sort of every id): its parts joined are np.argsort's order, for
+    ids spread over 2^64, consecutive, in a few dense clusters, or at the ends of the uint64 range; no range holds
+    much more than its share."""
+    from kvstore_lazy.store import pieces
+    monkeypatch.setattr(pieces, "ORDER_PASS", 500)
+    monkeypatch.setattr(pieces, "SCAN", 333)
+    rng = np.random.default_rng(7)
+    n = 6_001
+    ids = {"uniform": rng.choice(2 ** 62, n, replace=False).astype(np.uint64) * np.uint64(3),
+           "sequential": np.arange(n, dtype=np.uint64) + np.uint64(10 ** 12),
+           "clustered": np.concatenate([np.arange(k * 2 ** 50, k * 2 ** 50 + m, dtype=np.uint64)
+                                        for k, m in ((1, 2_000), (7, 2_000), (900, 2_001))]),
+           "extremes": np.concatenate([np.arange(n // 2, dtype=np.uint64),
+                                       np.uint64(2 ** 64 - 1) - np.arange(n - n // 2, dtype=np.uint64)])}[layout]
+    rng.shuffle(ids)
+    parts = list(pieces.id_ranges(ids))
+    assert len(parts) == min(pieces.ORDER_PASSES, -(-len(ids) // 500)) == 13
+    assert max(len(p) for p in parts) < 3 * len(ids) / len(parts)
+    assert np.array_equal(np.concatenate(parts), np.argsort(ids, kind="stable"))
+    assert np.array_equal(pieces.id_order(ids), np.argsort(ids, kind="stable"))
+    table = RowTable(4, np.float32, num_states=1)
+    slots = table.ensure(ids, lambda new: np.arange(len(new) * 4, dtype=np.float32).reshape(-1, 4))
+    table.set_states(slots, [np.ones((len(ids), 4), np.float32)])
+    whole, streamed = table.export(), table.export_pieces(chunk=77)
+    assert np.array_equal(whole["row_ids"], np.sort(ids))
+    assert np.asarray(streamed["row_ids"]).tobytes() == whole["row_ids"].tobytes()
+    assert np.concatenate(list(streamed["weights"].pieces())).tobytes() == whole["weights"].tobytes()
+    assert len(streamed["weights"]) == len(ids)

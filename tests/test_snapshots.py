@@ -172,7 +172,9 @@ def test_a_snapshot_streamed_in_pieces_writes_the_same_files_as_one_copied_whole
     import zipfile
 
     from kvstore_lazy.store import rows as rows_module
+    from kvstore_lazy.store import pieces
     monkeypatch.setattr(rows_module, "EXPORT_CHUNK", 7)          # many pieces, the last one short
+    monkeypatch.setattr(pieces, "ORDER_PASS", 64)                # the table sorted a range of ids at a time
     peer, workers = server(settings=SETTINGS, admit_min_count=2, ttl_rounds=16)
     chains = {stream: chain_writer(tmp_path / str(stream), max_deltas=2, compact_ratio=5.0)
               for stream in (False, True)}

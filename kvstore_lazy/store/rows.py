@@ -40,13 +40,14 @@ Rows are gathered and scattered through a view of each arena as one opaque ``voi
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
 
 from kvstore_lazy.store import kernels
 from kvstore_lazy.store.arena import KEEP_SHARE, Arena
-from kvstore_lazy.store.pieces import Pieces, fill
+from kvstore_lazy.store.pieces import Pieces, fill, id_order, id_ranges
 
 __all__ = ["Arena", "KEEP_SHARE", "RowIndex", "RowTable", "as_row_ids"]
 
@@ -429,32 +430,33 @@ class RowTable:
 
     def items(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """``(ids ascending, their weights, [their states]...)``, all copies: for snapshots and checkpoints."""
-        ids = self._index.row_ids()
-        order = np.argsort(ids, kind="stable")
-        return ids[order], self._arenas[0].take(order), [states.take(order) for states in self._arenas[1:]]
+        order = id_order(self.row_ids_view())
+        return self._index.ids_at(order), self._arenas[0].take(order), [s.take(order) for s in self._arenas[1:]]
 
     def export(self, slots: np.ndarray | None = None) -> dict:
         """Rows (all, or those at ``slots``) sorted by id, copies: ``{"row_ids", "weights", "states": [...],
         "columns": {name: values}}``; :meth:`load` builds the same table from it."""
-        ids = self._index.row_ids() if slots is None else self._index.ids_at(slots)
-        order = np.argsort(ids, kind="stable")
-        if slots is not None:
-            ids, order = ids[order], np.asarray(slots, np.int64)[order]
+        if slots is None:
+            order = id_order(self.row_ids_view())
         else:
-            ids = ids[order]
-        return {"row_ids": ids, "weights": self._arenas[0].take(order),
+            order = np.asarray(slots, np.int64)[np.argsort(self._index.ids_at(slots), kind="stable")]
+        return {"row_ids": self._index.ids_at(order), "weights": self._arenas[0].take(order),
                 "states": [states.take(order) for states in self._arenas[1:]],
                 "columns": {name: arena.take(order) for name, arena in self._columns.items()}}
 
     def export_pieces(self, slots: np.ndarray | None = None, chunk: int | None = None) -> dict:
         """:meth:`export` as :class:`Pieces` gathered ``chunk`` rows at a time when read (a snapshot streams them
-        into its file): the transient is the order (8 bytes a row) and a chunk. Read them before the table changes."""
-        ids = self._index.row_ids() if slots is None else self._index.ids_at(slots)
-        order = np.argsort(ids, kind="stable")
-        order = order if slots is None else np.asarray(slots, np.int64)[order]
+        into its file): the transient is a chunk, and the order of `slots` (8 bytes a row) or, of the whole table,
+        one range of its ids at a time (store.pieces.id_ranges, found again for each array). Read them before the
+        table changes."""
+        rows = len(self) if slots is None else len(slots)
+        if slots is None:
+            order = functools.partial(id_ranges, self.row_ids_view())
+        else:
+            order = np.asarray(slots, np.int64)[np.argsort(self._index.ids_at(slots), kind="stable")]
         keys = self._index._keys
-        arena = lambda a: Pieces(a.take, order, a.row_shape, a.dtype, chunk or _chunk(a.row_bytes))   # noqa: E731
-        return {"row_ids": Pieces(lambda at: keys.array[at], order, (), np.uint64, chunk or _chunk(8)),
+        arena = lambda a: Pieces(a.take, order, a.row_shape, a.dtype, chunk or _chunk(a.row_bytes), rows)  # noqa: E731
+        return {"row_ids": Pieces(lambda at: keys.array[at], order, (), np.uint64, chunk or _chunk(8), rows),
                 "weights": arena(self._arenas[0]), "states": [arena(a) for a in self._arenas[1:]],
                 "columns": {name: arena(a) for name, a in self._columns.items()}}
 
