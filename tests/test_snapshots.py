@@ -254,3 +254,20 @@ def test_a_damaged_row_read_in_pieces_is_refused_naming_the_file(tmp_path, run):
     fresh = KVServer(0, 1, 2, lifecycle=SETTINGS)
     with pytest.raises(snapshots.SnapshotError, match=rf"key{KEY}\.npz: member 'weights' is corrupted"):
         fresh.restore(json.loads(json.dumps(cut.manifest["server"])), cut.tables)
+
+
+def test_a_restore_merges_the_kept_rows_of_a_base_and_its_deltas_as_a_sort_of_them_all(monkeypatch):
+    """_fold_all places each kept row by binary searches in the other sources (no copy of every kept id, no sort of
+    them all): the merged ids and the order are np.argsort's of the kept rows' concatenation, whatever the chunk."""
+    monkeypatch.setattr(snapshots, "MERGE_CHUNK", 37)
+    rng = np.random.default_rng(3)
+    ids = [np.unique(rng.integers(0, 5_000, n)).astype(np.uint64) for n in (3_000, 400, 250, 1)]
+    kept, gone = [], np.zeros(0, np.uint64)
+    for source in reversed(ids):              # as _fold_all: a newer source replaces an older one's rows
+        kept.append(np.flatnonzero(~np.isin(source, gone)).astype(np.int32))
+        gone = np.union1d(gone, np.concatenate([source, rng.integers(0, 5_000, 30).astype(np.uint64)]))
+    kept.reverse()
+    whole = np.concatenate([s[k] for s, k in zip(ids, kept)])
+    merged, order = snapshots._merge_kept(ids, kept, np.int32)
+    assert order.dtype == np.int32 and len(merged) == len(whole) > 2_000
+    assert np.array_equal(order, np.argsort(whole, kind="stable")) and np.array_equal(merged, np.sort(whole))

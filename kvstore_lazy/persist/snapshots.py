@@ -529,14 +529,38 @@ def _fold_all(parts: list[dict]) -> dict:
             if at < len(groups) - 1:
                 gone = np.union1d(gone, np.concatenate([ids, np.asarray(group["dead"], np.uint64)]))
         kept.reverse()
-        ids = np.concatenate([np.asarray(g["ids"], np.uint64)[k] for g, k in zip(groups, kept)])
-        order = np.argsort(ids, kind="stable").astype(index)
-        ids = ids[order]
+        ids, order = _merge_kept([np.asarray(g["ids"], np.uint64) for g in groups], kept, index)
         cols = {n: members.merged([g["cols"][n] for g in groups], kept, order) for n in groups[-1]["cols"]}
         _put_group(out, ids_name, dead_name, {"ids": ids, "cols": cols, "dead": None})
     if "row_ids" not in out:
         raise SnapshotError("a delta without rows")
     return out
+
+
+MERGE_CHUNK = 1 << 20     # rows of a source _merge_kept places at once
+
+
+def _merge_kept(ids: list[np.ndarray], kept: list[np.ndarray], index) -> tuple[np.ndarray, np.ndarray]:
+    """The ids ``ids[s][kept[s]]`` of every source merged ascending, and ``order``: where each comes from in the
+    concatenation of the kept rows (``np.argsort`` of it). Each source's ids are sorted and the kept ones of two
+    sources never equal (a newer source's replace an older's), so a row's place is its place among its source's
+    kept rows plus, in every other source, the count of kept ids below it (two binary searches): placed a chunk at
+    a time, nothing but the answer is of the size of the rows (no copy of the kept ids, no sort of them all)."""
+    total = sum(len(k) for k in kept)
+    out, order = np.empty(total, np.uint64), np.empty(total, index)
+    start = 0
+    for s, (mine, keep) in enumerate(zip(ids, kept)):
+        for lo in range(0, len(keep), MERGE_CHUNK):
+            at = np.arange(lo, min(lo + MERGE_CHUNK, len(keep)), dtype=np.int64)
+            x = mine[keep[at]]
+            place = at.copy()
+            for other, (theirs, their_keep) in enumerate(zip(ids, kept)):
+                if other != s:
+                    place += np.searchsorted(their_keep, np.searchsorted(theirs, x))
+            out[place] = x
+            order[place] = at + start
+        start += len(keep)
+    return out, order
 
 
 def _members(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
