@@ -16,6 +16,7 @@ from kvstore_lazy.protocol import mxnet as proto
 from kvstore_lazy.server.core import KVServer
 from kvstore_lazy.server.modes import MATERIALIZE_ON_TOUCH
 from kvstore_lazy.server.declaration import LazySpec
+from kvstore_lazy.server import lifecycle as lifecycle_module
 from kvstore_lazy.server.lifecycle import Policy, Settings, admission_coin, kth_smallest, parse_bytes
 from kvstore_lazy.worker import lazy_spec_body
 from test_server import Peer, initial, optimizer_body
@@ -216,7 +217,11 @@ def test_ttl_seconds_follow_the_server_clock():
 # the memory budget
 
 
-def test_budget_lru_keeps_the_predicted_rows_and_bounds_the_bytes():
+@pytest.mark.parametrize("score_chunk", [None, 7])
+def test_budget_lru_keeps_the_predicted_rows_and_bounds_the_bytes(score_chunk, monkeypatch):
+    """The rows the documentation predicts, whether a budget pass reads the scores at once or 7 slots at a time."""
+    if score_chunk:
+        monkeypatch.setattr(lifecycle_module, "SCORE_CHUNK", score_chunk)
     budget = 30_000
     settings = Settings(memory_budget=budget, low_watermark=0.8)
     peer, workers = server(settings=settings)
@@ -232,7 +237,10 @@ def test_budget_lru_keeps_the_predicted_rows_and_bounds_the_bytes():
     assert key_stats(peer)["evicted_budget"] == model.evicted
 
 
-def test_budget_lfu_evicts_the_rarely_pushed_rows_first():
+@pytest.mark.parametrize("score_chunk", [None, 2])
+def test_budget_lfu_evicts_the_rarely_pushed_rows_first(score_chunk, monkeypatch):
+    if score_chunk:
+        monkeypatch.setattr(lifecycle_module, "SCORE_CHUNK", score_chunk)
     # a row: 4 x 4 weights + 4 x 4 momentum + 8 of columns + 8 of id = 48 bytes; the index 2048 x 4
     peer, workers = server(num_workers=1, settings=Settings(memory_budget=2048 * 4 + 10 * 48, evict="lfu",
                                                             low_watermark=1.0))
@@ -311,6 +319,9 @@ def test_the_budget_finds_the_kth_smallest_score_as_a_sort_does(dtype, span):
                 got = kth_smallest(parts, k)
                 assert got == np.sort(values)[k] and type(got) is dtype
                 assert all(np.array_equal(p, q) for p, q in zip(parts, kept))     # left as they were
+                # the same given as chunks, as a budget pass reads the scores of a large table
+                chunked = [lambda p=p: iter(np.array_split(p, 4)) for p in parts]
+                assert kth_smallest(chunked, k) == got
 
 
 def test_a_budget_plain_row_sparse_keys_outgrow_is_named_with_the_remedy(caplog):

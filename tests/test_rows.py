@@ -593,7 +593,7 @@ def test_a_table_stops_listing_its_removed_ids_past_a_share_of_its_bytes(monkeyp
     more are kept, until clear_changes."""
     monkeypatch.setattr(rows, "REMOVED_MIN", 8 * 100)
     table = RowTable(4, np.float32, 1, track_changes=True)
-    table.ensure(np.arange(1000, dtype=np.uint64), lambda ids: np.ones((len(ids), 4), np.float32))
+    table.ensure(np.arange(4000, dtype=np.uint64), lambda ids: np.ones((len(ids), 4), np.float32))
     table.clear_changes()
     share = table.nbytes() // rows.REMOVED_SHARE // 8          # ids kept at most (above REMOVED_MIN's 100)
     assert share > 100

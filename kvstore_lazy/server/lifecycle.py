@@ -237,14 +237,14 @@ class RowPolicy:
             return np.zeros(0, np.int64)
         return np.flatnonzero(self.dead({name: table.column(name)[:n] for name in cuts}, cuts))
 
-    def scores(self, table: RowTable) -> np.ndarray:
-        """Eviction scores of every slot (lower goes first): LRU int32 (the last push round minus the key's round,
-        <= 0), LFU int64 (rounds pushed, then that)."""
-        n = len(table)
-        age = table.column("last")[:n] - np.int32(self.round)
+    def scores(self, table: RowTable, rows=None) -> np.ndarray:
+        """Eviction scores (lower goes first) of the slots `rows` (a slice or slots; every slot by default): LRU
+        int32 (the last push round minus the key's round, <= 0), LFU int64 (rounds pushed, then that)."""
+        rows = slice(0, len(table)) if rows is None else rows
+        age = table.column("last")[rows] - np.int32(self.round)
         if self.lifecycle.settings.evict == "lru":
             return age
-        return (table.column("count")[:n].astype(np.int64) << 32) + (age.astype(np.int64) + (1 << 31))
+        return (table.column("count")[rows].astype(np.int64) << 32) + (age.astype(np.int64) + (1 << 31))
 
     def _trim_pending(self) -> None:
         cap = self.lifecycle.settings.admit_cap
@@ -297,18 +297,46 @@ class RowPolicy:
 
 
 def kth_smallest(parts: list, k: int):
-    """The ``k``-th smallest (0-based) of the integer values of all ``parts`` (arrays, left as they are). Scores of a
-    narrow int32 range (LRU's rounds: one value per round, so a range about the rounds the rows span) through a
-    histogram, one pass over them (~4x faster than a partition over millions of rows); any other through a partition
-    of one copy of them all."""
-    parts = [p for p in parts if len(p)]
-    low, high = min(int(p.min()) for p in parts), max(int(p.max()) for p in parts)
-    if all(p.dtype == np.int32 for p in parts) and high - low <= max(sum(len(p) for p in parts), 1 << 16):
-        counts = sum(kernels.count_values(p, low, high) for p in parts)
+    """The ``k``-th smallest (0-based) of the integer values of all ``parts`` (arrays, left as they are, or callables
+    giving a part's values as consecutive chunks: :func:`score_chunks`). Scores of a narrow int32 range (LRU's
+    rounds: one value per round, so a range about the rounds the rows span) through a histogram, two passes over
+    them chunk by chunk (~4x faster than a partition over millions of rows, and a chunk at a time); any other
+    through a partition of one copy of them all."""
+    def chunks():
+        return (c for p in parts for c in (p() if callable(p) else [p]) if len(c))
+    low = high = None
+    total, narrow = 0, True
+    for c in chunks():
+        lo, hi = int(c.min()), int(c.max())
+        low, high = lo if low is None else min(low, lo), hi if high is None else max(high, hi)
+        total, narrow = total + len(c), narrow and c.dtype == np.int32
+    if low is None or high is None:
+        raise ValueError("kth_smallest of no values")
+    if narrow and high - low <= max(total, 1 << 16):
+        counts = sum(kernels.count_values(c, low, high) for c in chunks())
         return np.int32(low + int(np.searchsorted(np.cumsum(counts), k + 1)))
-    every = np.concatenate(parts)
+    every = np.concatenate(list(chunks()))
     every.partition(k)
     return every[k]
+
+
+SCORE_CHUNK = 1 << 20       # slots whose scores a budget pass holds at once
+
+
+def score_chunks(entry):
+    """``(first slot, scores)`` of `entry`'s rows, SCORE_CHUNK slots at a time."""
+    n = len(entry)
+    for lo in range(0, n, SCORE_CHUNK):
+        yield lo, entry.scores(slice(lo, min(n, lo + SCORE_CHUNK)))
+
+
+def _below_and_tied(entry, threshold) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of `entry` whose score is below `threshold`, and those equal to it."""
+    below, tied = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for lo, x in score_chunks(entry):
+        below.append(np.flatnonzero(x < threshold) + lo)
+        tied.append(np.flatnonzero(x == threshold) + lo)
+    return np.concatenate(below), np.concatenate(tied)
 
 
 class Lifecycle:
@@ -409,11 +437,11 @@ class Lifecycle:
         sizes = np.array([entry.row_nbytes() for entry in entries], np.int64)
         # at most this many rows are needed (all of the smallest size): the score of the want-th lowest row
         want = min(sum(len(e) for e in entries), -(-excess // int(sizes.min())))
-        scores = [entry.scores() for entry in entries]
-        threshold = kth_smallest(scores, want - 1)
+        # the scores are found a chunk of slots at a time (every row's at once: 4-8 bytes a row in memory, ~6 with
+        # the comparisons', past what a budget of millions of rows leaves over)
+        threshold = kth_smallest([lambda e=e: (x for _, x in score_chunks(e)) for e in entries], want - 1)
         # the rows below it, then ties by (key, row id), then all of them in (score, key, row id) order
-        below = [np.flatnonzero(x < threshold) for x in scores]
-        tied = [np.flatnonzero(x == threshold) for x in scores]
+        below, tied = (list(z) for z in zip(*(_below_and_tied(entry, threshold) for entry in entries)))
         need = want - sum(len(b) for b in below)
         keep_ties = []
         for entry, slots in zip(entries, tied):
@@ -423,14 +451,14 @@ class Lifecycle:
         parts = [np.concatenate([b, t]) for b, t in zip(below, keep_ties)]
         owner = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(parts)])
         slots = np.concatenate(parts)
-        score = np.concatenate([x[p].astype(np.int64) for x, p in zip(scores, parts)])
+        score = np.concatenate([entry.scores(p).astype(np.int64) for entry, p in zip(entries, parts)])
         ids = np.concatenate([entry.ids_at(p) for entry, p in zip(entries, parts)])
         order = np.lexsort((ids, owner, score))
         cut = int(np.searchsorted(np.cumsum(sizes[owner[order]]), excess)) + 1
         chosen = order[:cut]
         # only slots, owner and chosen are needed from here: the scores and the rest go before the evictions (with
         # a disk tier their demotions' buffers would otherwise come on top: RSS past the budget's fixed overhead)
-        del scores, below, tied, keep_ties, parts, score, ids, order
+        del below, tied, keep_ties, parts, score, ids, order
         evicted = 0
         for index, entry in enumerate(entries):
             mine = slots[chosen[owner[chosen] == index]]

@@ -71,7 +71,7 @@ def _grown_capacity(capacity: int, needed: int) -> int:
     return max(needed, int(capacity * ARENA_GROWTH) + 1)
 
 
-REMOVED_SHARE = 16    # a table tracking changes keeps the ids it removed up to 1/16 of its bytes ...
+REMOVED_SHARE = 64    # a table tracking changes keeps the ids it removed up to 1/64 of its bytes ...
 REMOVED_MIN = 1 << 20  # ... or 1 MiB of them (RowTable.changes_complete)
 
 
@@ -462,7 +462,7 @@ class RowTable:
 
     @classmethod
     def load(cls, rows: dict, dtype=None, columns: dict | None = None, track_changes: bool = False,
-             buckets: int | None = None) -> "RowTable":
+             buckets: int | None = None, lean_rehash: bool = False) -> "RowTable":
         """A table holding exactly ``rows`` (as :meth:`export` gives them; columns not given start zero) with
         ``columns`` (``{name: dtype}``, default those of ``rows``), ``buckets`` buckets if given."""
         weights = rows["weights"]
@@ -477,7 +477,7 @@ class RowTable:
             raise ValueError("row ids to load are not sorted and unique")
         table = cls(weights.shape[1], dtype, num_states=len(rows["states"]), columns=columns,
                     initial_capacity=max(n, 1) if buckets is None else max(n, buckets // 2),
-                    track_changes=track_changes, buckets=buckets)
+                    track_changes=track_changes, buckets=buckets, lean_rehash=lean_rehash)
         # EXPORT_CHUNK rows at a time: arrays in pieces (a snapshot's, from its file) are never whole beside the table
         fill(table, ids, [weights, *rows["states"], *given.values()], len(rows["states"]), list(given), dtype,
              _chunk(table.row_nbytes))

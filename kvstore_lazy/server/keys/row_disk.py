@@ -128,9 +128,9 @@ class RowKeyDisk(RowKeyFields):
         self.policy.counters["evicted_ttl"] += gone
         return gone
 
-    def scores(self) -> np.ndarray:
-        """The eviction score of every slot, for the memory budget."""
-        return self.policy.scores(self._table)
+    def scores(self, rows=None) -> np.ndarray:
+        """The eviction score of the slots `rows` (a slice or slots; every slot by default), for the memory budget."""
+        return self.policy.scores(self._table, rows)
 
     def ids_at(self, slots: np.ndarray) -> np.ndarray:
         """Global row ids of existing slots."""

@@ -51,9 +51,14 @@ class RowKeyFields:
             columns = dict(columns or {}, tick=np.int64)
         if self.row_steps:
             columns = dict(columns or {}, steps=np.uint32)
+        # a key whose rows a policy keeps (a memory budget may hold it): its index grows with the old table gone
+        # first, so the rehash of a table of millions of rows does not hold both (the old one is half the new)
+        lean = self.policy is not None
         if rows is None:
-            return RowTable(self.row_size, dtype, num_states=num_states, columns=columns, track_changes=self._track)
-        return RowTable.load(rows, dtype=dtype, columns=columns, track_changes=self._track, buckets=buckets)
+            return RowTable(self.row_size, dtype, num_states=num_states, columns=columns, track_changes=self._track,
+                            lean_rehash=lean)
+        return RowTable.load(rows, dtype=dtype, columns=columns, track_changes=self._track, buckets=buckets,
+                             lean_rehash=lean)
 
     # -- ids and checks
 
