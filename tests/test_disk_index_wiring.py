@@ -232,3 +232,21 @@ def test_an_old_index_that_lists_a_row_twice_is_refused(tmp_path):
     write_old_index(tmp_path / "s", np.concatenate([ids, ids[:1]]), np.concatenate([locs, locs[1:2]]), meta)
     with pytest.raises(SegmentError, match="lists a row twice"):
         SegmentStore.open(tmp_path / "s")
+
+
+def test_runs_a_snapshot_linked_are_deleted_from_the_store_once_merges_replace_them(tmp_path):
+    """A server commits its stores only into snapshots (commit(into=...)): the runs a snapshot's manifest lists are
+    hard-linked there, so once merges replace them the store's own names go (not kept for its own commit point,
+    which never lists them): its directory holds about the runs in use, snapshot after snapshot, and every
+    snapshot still opens as it was written."""
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=64)
+    wants = []
+    for snap in range(30):
+        ids = hashed(300, 100 + snap)
+        store.put(ids, payload(ids, float(snap)))
+        store.commit(into=tmp_path / f"snap{snap}")
+        wants.append(contents(store))
+    in_use = {name for name, _ in store._index.manifest()["runs"]}
+    assert len(in_use) < 15 and set(runs_in(tmp_path / "s")) == in_use
+    for snap in (0, 17, 29):
+        assert contents(SegmentStore.open(tmp_path / f"snap{snap}")) == wants[snap]

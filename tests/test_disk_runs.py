@@ -364,9 +364,9 @@ def blocks_per_read(monkeypatch) -> list[int]:
     largest: list[int] = []
     read = runfile.read_blocks
 
-    def spy(runs, which, blocks, *more):
+    def spy(runs, which, blocks, *more, **options):
         largest.append(len(blocks))
-        return read(runs, which, blocks, *more)
+        return read(runs, which, blocks, *more, **options)
 
     monkeypatch.setattr(runfile, "read_blocks", spy)
     return largest

@@ -167,6 +167,8 @@ def commit(store: StoreState, into=None) -> None:
             if runs is not None and manifest is not None:
                 runs.link_into(manifest, target)
         atomic_write(target / INDEX_FILE, lambda f: np.savez(f, **arrays))
+        if into is not None and runs is not None and manifest is not None:
+            runs.linked(manifest)           # (the snapshot's links keep them: replaced runs can go from here)
         if into is None:
             if runs is not None and manifest is not None:
                 runs.committed(manifest)

@@ -181,8 +181,9 @@ class Run:
 
     def read_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """The blocks numbered ``blocks`` (ascending), read in one batched call and checked (SegmentError naming
-        the file and the first bad block): (n, block_bytes) uint8."""
-        return read_blocks([self], np.zeros(len(blocks), np.int64), blocks)
+        the file and the first bad block): (n, block_bytes) uint8. Consecutive blocks of one file are one read:
+        no io_uring (a merge reads on the background thread, which ends when idle; a thread's ring outlives it)."""
+        return read_blocks([self], np.zeros(len(blocks), np.int64), blocks, ring=False)
 
     def chunks(self, chunk: int, after=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids, locs) of every entry (above ``after``, if given), ascending, about ``chunk`` entries at a time
@@ -223,17 +224,19 @@ class Run:
         return out
 
 
-def read_blocks(runs: list[Run], which: np.ndarray, blocks: np.ndarray, of_runs: tuple | None = None) -> np.ndarray:
+def read_blocks(runs: list[Run], which: np.ndarray, blocks: np.ndarray, of_runs: tuple | None = None,
+                ring: bool = True) -> np.ndarray:
     """Block ``blocks[i]`` of run ``runs[which[i]]`` for each i (ascending (run, block) pairs), read in one batched
-    call (adjacent blocks of a file one read) and checked: (n, block_bytes) uint8; SegmentError naming the file and
-    the first bad block. ``of_runs``: the runs' (descriptors, numbers, entry counts) as arrays, if made already."""
+    call (adjacent blocks of a file one read; through this thread's io_uring with `ring`, where there is one) and
+    checked: (n, block_bytes) uint8; SegmentError naming the file and the first bad block. ``of_runs``: the runs'
+    (descriptors, numbers, entry counts) as arrays, if made already."""
     fmt = runs[0].fmt if runs else None
     if fmt is None or not len(blocks):
         return np.empty((0, fmt.block_bytes if fmt else BLOCK_BYTES), np.uint8)
     fds, numbers, entries = of_runs if of_runs is not None else _of_runs(runs)
     buf = np.empty((len(blocks), fmt.block_bytes), np.uint8)
     err, row = kernels.pread_records(fds[which], blocks.astype(np.int64) * fmt.block_bytes, fmt.block_bytes, buf,
-                                     READ_RING and uring())
+                                     ring and READ_RING and uring())
     if err:
         what = "the file ends early" if err < 0 else os.strerror(err)
         raise SegmentError(f"index run {runs[int(which[row])].path}: cannot read block {int(blocks[row])}: {what}")

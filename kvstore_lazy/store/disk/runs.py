@@ -278,6 +278,19 @@ class RunIndex:
                 (self.directory / name).unlink(missing_ok=True)
         self._retired = keep
 
+    def linked(self, manifest: dict) -> None:
+        """``manifest`` (from :meth:`commit`) went into another directory's commit (a snapshot's, durable), whose
+        own links keep its runs: in this directory they are deleted again once replaced (unless this directory's
+        own commit point lists them), and those replaced since are deleted now."""
+        self._handed -= {str(name) for name, _ in manifest["runs"]}
+        keep = []
+        for name in self._retired:
+            if name in self._committed or name in self._handed:
+                keep.append(name)
+            else:
+                (self.directory / name).unlink(missing_ok=True)
+        self._retired = keep
+
     def link_into(self, manifest: dict, target) -> None:
         """Hard-link (or copy across file systems) the runs ``manifest`` lists into ``target`` (a snapshot)."""
         try:
@@ -461,7 +474,9 @@ class RunIndex:
             job.output.runs.append(run)
             job.output.changed()
             for group in job.inputs:            # they answer only above what the output holds now
-                group.after = run.last
+                # (never lowered: after a failed merge an input answers above the partial output it handed over,
+                # whose runs dropped its tombstones; a later merge's first file may end below that)
+                group.after = run.last if group.after is None else max(group.after, run.last)
                 covered = [r for r in group.runs if r.last <= run.last]
                 if covered:
                     group.runs = [r for r in group.runs if r.last > run.last]
