@@ -13,7 +13,8 @@ import pytest
 
 import crashtrace
 from kvstore_lazy.store import kernels
-from kvstore_lazy.store.disk import runcalls, runfile, runs
+from kvstore_lazy.store.disk import runcalls, runfile
+from kvstore_lazy.store.disk.errors import DiskError
 from kvstore_lazy.store.disk.runs import EMPTY, TOMBSTONE, RunIndex
 from test_disk_runs import SMALL, check_all, expect, hashed_ids
 
@@ -269,7 +270,7 @@ def test_a_write_that_fails_in_the_background_is_raised_at_the_next_call_and_los
     ids = np.arange(1, 161, dtype=np.uint64)
     index.set(ids[:100], np.arange(100, dtype=np.uint32))
     index.set(ids[100:], np.arange(100, 160, dtype=np.uint32))     # the first 100 go to be written
-    with pytest.raises(runs.DiskError, match=str(tmp_path)):
+    with pytest.raises(DiskError, match=str(tmp_path)):
         index.settle()
     assert index.stats()["frozen"] == 100 and index.stats()["runs"] == 1
     assert [p.name for p in tmp_path.iterdir()] == [index._runs[0].name]     # (its first file, written, removed)
@@ -321,7 +322,6 @@ def test_a_removed_id_stays_removed_after_a_merge_fails_and_the_next_one_starts(
     answer only above that file's last id. The next merge's first file may end below it: the inputs' cut-off is
     never lowered, else an input's run straddling it answers again for an id whose tombstone the failed merge's
     retired runs held (its stale location served as live). Events stepped on this thread, as above."""
-    from kvstore_lazy.store.disk.errors import DiskError
     monkeypatch.setattr(RunIndex, "_plan_merge", lambda self: None)        # merges started by hand below
     idx = RunIndex(tmp_path, memtable_entries=1000, block_bytes=256, table_entries=50)
     first = np.arange(0, 2000, 10, dtype=np.uint64)

@@ -431,3 +431,26 @@ def test_pushes_take_their_rows_slots_from_the_pull_before_them():
         policy.send(w0.rsp_push(7, [2, 3], grad([2, 3])), pushed=True)
         policy.check_same_state()
     assert policy.fast.fast.reused == 0 and not policy.fast.fast._pulled
+
+
+def test_the_slots_pulls_keep_for_their_pushes_are_bounded(monkeypatch):
+    """Pulls that no push follows (an evaluating worker, keys only pulled) keep their slots at most PULLED_BYTES
+    together, the oldest dropped first; a push whose pull's entry was dropped is looked up as usual, with the same
+    replies and state as the general path."""
+    from kvstore_lazy.server import fastpath
+    monkeypatch.setattr(fastpath, "PULLED_BYTES", 3 * (8 * 5 + 8 * 6))       # three pulls of 5 rows (keys + slots)
+    pair, w0 = Pair(), Requests(WORKER0)
+    pair.send(w0.command(proto.CONTROLLER, optimizer(momentum=0.9)))                       # dist_async
+    for key in range(1, 9):
+        pair.send(w0.command(proto.LAZY_DECLARE, lazy_spec_body(key, (1000, 4), "float32", UNIFORM, 42)))
+        pair.send(w0.rsp_push(key, [], np.zeros((0, 4), np.float32)))
+    rows = [3, 8, 20, 21, 400]
+    for key in range(1, 9):
+        pair.send(w0.rsp_pull(key, rows))
+    fast = pair.fast.fast
+    assert sorted(k for _, k in fast._pulled) == [6, 7, 8] and fast._pulled_bytes <= fastpath.PULLED_BYTES
+    before = fast.reused
+    pair.send(w0.rsp_push(2, rows, np.ones((5, 4), np.float32)), pushed=True)    # its pull's entry was dropped
+    pair.send(w0.rsp_push(8, rows, np.ones((5, 4), np.float32)), pushed=True)    # kept: taken
+    assert fast.reused - before == 1 and sorted(k for _, k in fast._pulled) == [6, 7]
+    pair.check_same_state()

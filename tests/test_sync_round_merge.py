@@ -138,3 +138,19 @@ def test_a_round_of_one_push_or_of_empty_pushes_is_the_first_push():
     assert RowSparseKey.merge([first]) is first
     assert RowSparseKey.merge([first, empty, empty]) is first
     same(RowSparseKey.merge([empty, first]), pairwise([empty, first]))   # 0 + -0.0: as before
+
+
+def test_the_reused_round_buffers_keep_no_more_than_their_cap():
+    """A round's merged rows go into buffers reused from round to round (no fresh mapping each round), up to
+    ROUND_BUFFER_MAX bytes: a larger round gets arrays of its own, and the kept ones do not grow to it (memory the
+    budget does not count, held for the life of the process)."""
+    from kvstore_lazy.server.keys import row_sparse
+    buffers = row_sparse._RoundBuffers()
+    ids, values, slots = buffers(1000, 32)
+    assert values.shape == (1000, 32) and len(ids) == len(slots) == 1000
+    again = buffers(800, 32)
+    assert np.shares_memory(again[1], values) and np.shares_memory(again[0], ids)
+    rows = row_sparse.ROUND_BUFFER_MAX // (16 + 4 * 32) + 1
+    big = buffers(rows, 32)
+    assert big[1].shape == (rows, 32) and not np.shares_memory(big[1], values)
+    assert len(buffers.values) == 1000 * 32 and len(buffers.ids) == 1000

@@ -47,7 +47,8 @@ _ROWS_F32 = mx.command_code(mx.ROW_SPARSE, mx.FLOAT32)
 _DENSE = {mx.command_code(mx.DEFAULT, flag): dtype for flag, dtype in mx.MSHADOW_DTYPES.items()}
 _I32 = struct.Struct("<i")
 _MAX_LEN = (1 << 31) - 1
-MISSING_CHUNK = 1 << 15       # rows not in memory a pull takes from its key at once (a checkpoint's piece has 262,144)
+PULLED_BYTES = 32 << 20       # what the pulls' kept slots and keys frames hold at most, all workers and keys together
+MISSING_CHUNK = 1 << 15       # rows not in memory a pull takes from its key at once (a checkpoint asks 8 MiB a pull)
 KEEP_SLOTS = 1 << 16          # a pull of at most this many rows keeps their slots for the push that follows
 _gather_rows = native.gather_rows
 _row_push = native.row_push
@@ -94,6 +95,7 @@ class FastPath:
         # (sender, key) -> (key entry, its slot_token, the pull's keys frame, the rows' slots): a pull's rows for
         # that worker's next push of the key (see the module docstring); taken (popped) by that push
         self._pulled: dict[tuple[int, int], tuple] = {}
+        self._pulled_bytes = 0     # what they hold (their keys frames and slots): at most PULLED_BYTES, oldest out
 
     def answer(self, msg: Message) -> list[tuple[int, Message]] | None:
         """The replies to `msg` if it is a pull this path answers, else None (nothing was changed). Called by
@@ -157,8 +159,23 @@ class FastPath:
             payload = self._missing_rows(msg, raw, key, entry, store, payload, missing, missing_ids)
             self.partial += 1
         if keep:   # (made after the rows' lookup: a removal since then shows in the token the push compares)
-            self._pulled[(msg.sender, key)] = (entry, token, raw, slots, missing is None)
+            self._keep_pulled((msg.sender, key), (entry, token, raw, slots, missing is None))
         return payload, lens
+
+    def _keep_pulled(self, where: tuple[int, int], kept: tuple) -> None:
+        """Keep a pull's slots for its worker's next push of the key. A pull no push follows (an evaluating worker,
+        one that left, a key only pulled) would hold its entry for good: the oldest go past PULLED_BYTES."""
+        self._drop_pulled(where)
+        self._pulled[where] = kept
+        self._pulled_bytes += len(kept[2]) + kept[3].nbytes
+        while self._pulled_bytes > PULLED_BYTES and len(self._pulled) > 1:
+            self._drop_pulled(next(iter(self._pulled)))
+
+    def _drop_pulled(self, where: tuple[int, int]):
+        kept = self._pulled.pop(where, None)
+        if kept is not None:
+            self._pulled_bytes -= len(kept[2]) + kept[3].nbytes
+        return kept
 
     def _missing_rows(self, msg: Message, raw, key: int, entry: RowSparseKey, store: bool, payload, missing,
                       missing_ids):
@@ -226,7 +243,7 @@ class FastPath:
         for the rows of this push (its keys frame, `raw`), if they are still those rows' (the key's slot_token
         unchanged: no row moved since), else None; taken either way. The update checks the token again when it
         runs (a round's, later)."""
-        kept = self._pulled.pop((sender, key), None)
+        kept = self._drop_pulled((sender, key))
         if kept is None:
             return None
         pulled_entry, token, pulled_raw, slots, complete = kept

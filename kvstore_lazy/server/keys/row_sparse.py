@@ -20,6 +20,7 @@ from kvstore_lazy.store import kernels
 
 
 INIT_CHUNK = 1 << 16     # rows an init push with rows stores between budget passes (with a disk tier)
+ROUND_BUFFER_MAX = 16 << 20   # bytes _RoundBuffers keeps for reuse; a larger round's arrays are its own, freed after
 
 
 class _RoundBuffers:
@@ -34,6 +35,8 @@ class _RoundBuffers:
         self.values = np.zeros(0, np.float32)
 
     def __call__(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if rows * (16 + 4 * cols) > ROUND_BUFFER_MAX:       # (not kept: the budget does not count them)
+            return np.empty(rows, np.int64), np.empty((rows, cols), np.float32), np.empty(rows, np.int64)
         if len(self.ids) < rows:
             self.ids, self.slots = np.empty(rows, np.int64), np.empty(rows, np.int64)
         if len(self.values) < rows * cols:

@@ -165,10 +165,10 @@ def commit(store: StoreState, into=None) -> None:
             for name in [store._names[s] for s in listed] + [STORE_FILE]:
                 link_or_copy(store.path / name, target / name)
             if runs is not None and manifest is not None:
-                runs.link_into(manifest, target)
+                _link_runs(store.path, manifest, target)
         atomic_write(target / INDEX_FILE, lambda f: np.savez(f, **arrays))
         if into is not None and runs is not None and manifest is not None:
-            runs.linked(manifest)           # (the snapshot's links keep them: replaced runs can go from here)
+            runs.committed(manifest, elsewhere=True)      # (the snapshot's links keep them)
         if into is None:
             if runs is not None and manifest is not None:
                 runs.committed(manifest)
@@ -180,3 +180,12 @@ def commit(store: StoreState, into=None) -> None:
         if isinstance(exc, DiskError):
             raise
         raise DiskError(exc.errno, f"disk tier {store.path}: commit failed: {exc.strerror or exc}") from exc
+
+
+def _link_runs(directory: Path, manifest: dict, target) -> None:
+    """Hard-link (or copy across file systems) the index runs ``manifest`` lists into ``target`` (a snapshot)."""
+    try:
+        for name, _ in manifest["runs"]:
+            link_or_copy(directory / name, Path(target) / name)
+    except OSError as exc:
+        raise DiskError(exc.errno, f"disk tier {target}: cannot link the index runs: {exc.strerror or exc}") from exc

@@ -64,7 +64,7 @@ exactly those runs, and no other is being written. The caller writes it into its
 only then (a run never listed in a manifest handed out is deleted as soon as it is replaced). :meth:`RunIndex.open`
 with a manifest restores exactly that state and deletes the run files (and temp files) it does not list: what was
 written after it, by the background thread too. Run files are never written again after their rename, so a
-snapshot hard-links them (:meth:`RunIndex.link_into`). Damage is a :class:`~.errors.SegmentError` naming the file
+snapshot hard-links them (``commit.commit``). Damage is a :class:`~.errors.SegmentError` naming the file
 (and block); a failed write a :class:`~.errors.DiskError` naming the directory, raised at the next call after the
 background thread met it, the index as it was before the flush or the run file that failed (a memtable whose write
 failed is kept, and written again at the next flush or commit).
@@ -76,8 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstore_lazy.store.disk.errors import DiskError, SegmentError
-from kvstore_lazy.store.disk.files import link_or_copy
+from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.runfile import (BLOCK_BYTES, EMPTY, RUN_GLOB, TEMP_SUFFIX, TOMBSTONE, Format, Run,
                                              merged, open_run, rechunk, run_name)
 from kvstore_lazy.store.disk.runwork import CHUNK, Group, Job, Recent, Worker
@@ -265,40 +264,19 @@ class RunIndex:
         self._handed |= {name for name, _ in manifest["runs"]}
         return manifest
 
-    def committed(self, manifest: dict) -> None:
-        """The caller's commit point now holds ``manifest`` (from :meth:`commit`): delete the run files merges
-        replaced that no manifest still in use lists."""
-        self._committed = {str(name) for name, _ in manifest["runs"]}
-        self._handed = set()
-        keep = []
-        for name in self._retired:
-            if name in self._committed:
-                keep.append(name)
-            else:
-                (self.directory / name).unlink(missing_ok=True)
+    def committed(self, manifest: dict, elsewhere: bool = False) -> None:
+        """The caller's commit point now holds ``manifest`` (from :meth:`commit`), or with `elsewhere` another
+        directory's commit does (a snapshot's, durable, whose own hard links keep its runs): delete the run files
+        merges replaced that no manifest in use here lists."""
+        names = {str(name) for name, _ in manifest["runs"]}
+        if elsewhere:
+            self._handed -= names
+        else:
+            self._committed, self._handed = names, set()
+        keep = [name for name in self._retired if name in self._committed or name in self._handed]
+        for name in set(self._retired) - set(keep):
+            (self.directory / name).unlink(missing_ok=True)
         self._retired = keep
-
-    def linked(self, manifest: dict) -> None:
-        """``manifest`` (from :meth:`commit`) went into another directory's commit (a snapshot's, durable), whose
-        own links keep its runs: in this directory they are deleted again once replaced (unless this directory's
-        own commit point lists them), and those replaced since are deleted now."""
-        self._handed -= {str(name) for name, _ in manifest["runs"]}
-        keep = []
-        for name in self._retired:
-            if name in self._committed or name in self._handed:
-                keep.append(name)
-            else:
-                (self.directory / name).unlink(missing_ok=True)
-        self._retired = keep
-
-    def link_into(self, manifest: dict, target) -> None:
-        """Hard-link (or copy across file systems) the runs ``manifest`` lists into ``target`` (a snapshot)."""
-        try:
-            for name, _ in manifest["runs"]:
-                link_or_copy(self.directory / name, Path(target) / name)
-        except OSError as exc:
-            raise DiskError(exc.errno, f"disk tier {target}: cannot link the index runs: "
-                                       f"{exc.strerror or exc}") from exc
 
     def verify(self) -> None:
         """Read and check every block of every run (SegmentError naming the first damaged one)."""
