@@ -295,8 +295,10 @@ class Probe:
         nblocks = len(table)
         if nblocks >= 2 * READ_SPLIT:                       # the second half on the pool's thread meanwhile
             other = executor("index", 1).submit(search, nblocks // 2, nblocks)
-            search(0, nblocks // 2)
-            other.result()
+            try:
+                search(0, nblocks // 2)
+            finally:
+                other.result()            # (joined even when this half failed: it reads the same descriptors)
         else:
             search(0, nblocks)
         counters["blocks_read"] += nblocks
@@ -444,6 +446,8 @@ def open_run(path: Path, fmt: Format) -> Run:
                 raise SegmentError(f"index run {path}: damaged or foreign footer")
             blocks, bloom_blocks = int(footer["blocks"]), int(footer["bloom_blocks"])
             want = (blocks + _pad_blocks(8 * blocks, bb) + _pad_blocks(32 * bloom_blocks, bb) + 1) * bb
+            if blocks and not bloom_blocks:         # (every run with entries has a filter: a probe reads it)
+                raise SegmentError(f"index run {path}: {blocks} blocks and no filter (damaged footer)")
             if size != want:
                 raise SegmentError(f"index run {path} has {size} bytes, its footer says {want}")
             f.seek(blocks * bb)

@@ -119,7 +119,7 @@ class RunIndex:
         self.table_entries = int(table_entries) if table_entries is not None else \
             min(max(TABLE_SHARE * self.memtable_entries, TABLE_MIN), TABLE_MAX)
         cache = _pow2_within(self.memtable_entries // CACHE_SHARE, CACHE_MIN, CACHE_MAX) \
-            if cache_entries is None else (_pow2_within(cache_entries, 1, 1 << 40) if cache_entries > 0 else 0)
+            if cache_entries is None else (_pow2_within(cache_entries, 2, 1 << 40) if cache_entries > 0 else 0)
         self._cache = Recent(cache)
         self._groups: list[Group] = []                # oldest first
         self._mem = self._new_memtable()
