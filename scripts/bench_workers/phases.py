@@ -212,9 +212,9 @@ def main() -> int:
         ids, count = listing()
         got = 0
         with ids:
-            piece = piece_rows(4 * args.dim)
-            for lo in range(0, count, piece):
-                n = min(piece, count - lo)
+            step = piece_rows(4 * args.dim)
+            for lo in range(0, count, step):
+                n = min(step, count - lo)
                 piece = np.frombuffer(os.pread(ids.fileno(), 8 * n, 8 * lo), np.int64)
                 for _, reply in server.handle(w.rows(piece, None)):
                     got += len(reply.data[1]) // (4 * args.dim) if len(reply.data) > 1 else 0
