@@ -2,9 +2,8 @@
 
 Owns: :class:`Arena` (a growable array of rows in its own ``mmap``: ``mremap`` growth that copies nothing, the
 rows' gather and scatter as opaque blocks, and which pages of unused rows go back to the kernel: :meth:`Arena.clear`
-and :meth:`Arena.release`, ``KEEP_SHARE``; huge pages for a large mapping, ``HUGE_MIN``). Does not own: which rows
-are in use or where (``store.rows``: the table and its index keep ``len`` and the slots; an arena only knows the
-rows it was told are unused).
+and :meth:`Arena.release`, ``KEEP_SHARE``). Does not own: which rows are in use or where (``store.rows``: the table
+and its index keep ``len`` and the slots; an arena only knows the rows it was told are unused).
 """
 from __future__ import annotations
 
@@ -12,14 +11,6 @@ import mmap
 
 import numpy as np
 
-# A mapping of at least HUGE_MIN bytes asks for transparent huge pages (madvise(MADV_HUGEPAGE): what a kernel set
-# to "madvise", the common default, needs to back it so). Kernels that touch random rows of a table larger than the
-# caches (a pull's gather, the optimizer's update) also miss the TLB at every row with 4 KiB pages, and wait for the
-# page walk; with 2 MiB pages the translations of a 1M x 32 float32 table fit the TLB (this machine's EPYC: sgd_mom
-# on 8,192 random rows of such a table and its momentum 182 -> 157 ns a row, the gather 74 -> 61, interleaved on a
-# loaded machine). The memory a mapping holds grows by at most one huge page past its rows in use (the kernel
-# backs a whole 2 MiB page at its first touch), at most 1/16 of a mapping this size; clear still gives pages back.
-HUGE_MIN = 32 << 20
 KEEP_SHARE = 16       # Arena.clear keeps (zeroed) a freed tail of at most 1/16 of the rows before it
 
 
@@ -65,7 +56,6 @@ class Arena:
         del self.array, self._rows      # no view of the mapping may stay for mremap
         try:
             self._map.resize(capacity * self.row_bytes)   # mremap: moves page tables, copies and touches nothing
-            _huge(self._map)
         except (BufferError, OSError, SystemError, ValueError):  # a view escaped, or no mremap: copy the used rows
             self._bind()
             old = self._rows[:used]
@@ -117,19 +107,9 @@ class Arena:
         return -(-used * self.row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
     def _new_map(self, capacity: int) -> mmap.mmap:
-        return _huge(mmap.mmap(-1, capacity * self.row_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+        return mmap.mmap(-1, capacity * self.row_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
     def _bind(self) -> None:
         self.capacity = len(self._map) // self.row_bytes
         self._rows = np.frombuffer(self._map, self._void, self.capacity)
         self.array = self._rows.view(self.dtype).reshape((self.capacity,) + self.row_shape)
-
-
-def _huge(mapping: mmap.mmap) -> mmap.mmap:
-    """``mapping``, asking for huge pages if it is large (HUGE_MIN; again after a growth: the grown part)."""
-    if len(mapping) >= HUGE_MIN:
-        try:
-            mapping.madvise(mmap.MADV_HUGEPAGE)
-        except (AttributeError, OSError):     # no MADV_HUGEPAGE here (not Linux, or no THP): 4 KiB pages then
-            pass
-    return mapping
