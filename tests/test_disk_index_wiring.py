@@ -43,10 +43,13 @@ def test_a_store_indexes_rows_in_runs_and_reopens_as_committed(tmp_path):
     with np.load(tmp_path / "s" / "index.npz") as z:
         assert "ids" not in z.files and "live" in z.files     # the manifest and the live bits, not every id
         meta = json.loads(bytes(z["meta"]).decode())
-    assert meta["index"]["kind"] == "runs" and [r[0] for r in meta["index"]["manifest"]["runs"]] == \
-        runs_in(tmp_path / "s")
+    # every run the manifest lists is on disk (a merge the flush started may still be writing one it does not list:
+    # opening deletes what the manifest does not list)
+    listed = [r[0] for r in meta["index"]["manifest"]["runs"]]
+    assert meta["index"]["kind"] == "runs" and listed and set(listed) <= set(runs_in(tmp_path / "s"))
     store.close()
     again = SegmentStore.open(tmp_path / "s")
+    assert runs_in(tmp_path / "s") == sorted(listed)
     assert contents(again) == want and len(again) == len(ids) - len(ids[::3])
     s = again.stats()
     assert s["index_disk_bytes"] > 0 and s["index_runs"] >= 1 and s["index_reads_per_lookup"] > 0
