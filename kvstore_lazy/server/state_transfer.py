@@ -28,7 +28,8 @@ from kvstore_lazy.server.keys import DenseKey, RowSparseKey
 from kvstore_lazy.server.keys.row_sparse import reply_bytes
 from kvstore_lazy.server.listing import Listing
 from kvstore_lazy.store.segments import SegmentError
-from kvstore_lazy.store.tier import KVSTORE_LAZY_DISK_DIR, DiskTierFailure, release_free_memory
+from kvstore_lazy.store.arena import release_free_memory
+from kvstore_lazy.store.tier import KVSTORE_LAZY_DISK_DIR, DiskTierFailure
 
 MAX_LISTINGS = 256      # nodes with a row listing at once (one per worker in a real job)
 MAX_ALIASES = 64        # string-key names of the (nine) virtual keys

@@ -2,8 +2,9 @@
 
 Owns: :class:`Arena` (a growable array of rows in its own ``mmap``: ``mremap`` growth that copies nothing, the
 rows' gather and scatter as opaque blocks, and which pages of unused rows go back to the kernel: :meth:`Arena.clear`
-and :meth:`Arena.release`, ``KEEP_SHARE``). Does not own: which rows are in use or where (``store.rows``: the table
-and its index keep ``len`` and the slots; an arena only knows the rows it was told are unused).
+and :meth:`Arena.release`, ``KEEP_SHARE``; :func:`release_free_memory`, the malloc heap's free pages). Does not own:
+which rows are in use or where (``store.rows``: the table and its index keep ``len`` and the slots; an arena only
+knows the rows it was told are unused).
 """
 from __future__ import annotations
 
@@ -113,3 +114,24 @@ class Arena:
         self.capacity = len(self._map) // self.row_bytes
         self._rows = np.frombuffer(self._map, self._void, self.capacity)
         self.array = self._rows.view(self.dtype).reshape((self.capacity,) + self.row_shape)
+
+
+def release_free_memory() -> None:
+    """Return the free pages of every malloc arena to the kernel (glibc's ``malloc_trim(0)``; elsewhere nothing).
+    glibc keeps the heap freed temporaries leave behind (holes under live blocks; only a free top above
+    TRIM_THRESHOLD goes back by itself): after a round's demotions and the pieces of a checkpoint, 15-40 MiB the
+    server no longer uses, which the next large reply (a mapping of its own) comes on top of. Called where a phase
+    of large temporaries begins (a checkpoint's LAZY_ROWS, a snapshot) and after a background job of the disk
+    index, not per request: a trim takes about a millisecond (and the arenas' locks), and every page it returns is a
+    page fault when the heap grows into it again."""
+    if not _TRIM:
+        try:
+            import ctypes
+            _TRIM.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
+_TRIM: list = []

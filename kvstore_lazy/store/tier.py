@@ -22,6 +22,7 @@ import numpy as np
 
 from kvstore_lazy import paths
 from kvstore_lazy.store import kernels
+from kvstore_lazy.store.arena import release_free_memory
 from kvstore_lazy.store.rows import RowTable, as_row_ids
 from kvstore_lazy.store.segments import (DEFAULT_COMPACT_RATIO, DEFAULT_SEGMENT_ROWS, MEMTABLE_ENTRIES, DiskError,
                                          SegmentError, SegmentStore, join, link_or_copy, pick, put_at)
@@ -69,24 +70,6 @@ def _fix_mmap_threshold() -> None:
         pass
 
 
-def release_free_memory() -> None:
-    """Return the free pages of every malloc arena to the kernel (glibc's ``malloc_trim(0)``; elsewhere nothing).
-    glibc keeps the heap freed temporaries leave behind (holes under live blocks; only a free top above
-    TRIM_THRESHOLD goes back by itself): after a round's demotions and the pieces of a checkpoint, 15-40 MiB the
-    server no longer uses, which the next large reply (a mapping of its own) comes on top of. Called where a phase
-    of large temporaries begins (a checkpoint's LAZY_ROWS, a snapshot), not per request: a trim takes about a
-    millisecond, and every page it returns is a page fault when the heap grows into it again."""
-    if not _TRIM:
-        try:
-            import ctypes
-            _TRIM.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):
-            _TRIM.append(None)
-    if _TRIM[0] is not None:
-        _TRIM[0](0)
-
-
-_TRIM: list = []
 
 
 COUNTERS = ("promoted", "demoted", "hits", "misses", "expired_disk", "updated_in_place")

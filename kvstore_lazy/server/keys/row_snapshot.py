@@ -18,7 +18,8 @@ from kvstore_lazy.server.declaration import LazySpec
 from kvstore_lazy.numerics.catchup import History
 from kvstore_lazy.server.keys.row_catchup import RowKeyCatchUp
 from kvstore_lazy.server.lifecycle import Lifecycle, RowPolicy
-from kvstore_lazy.store.tier import DiskTier, release_free_memory
+from kvstore_lazy.store.arena import release_free_memory
+from kvstore_lazy.store.tier import DiskTier
 
 
 class RowKeySnapshots(RowKeyCatchUp):

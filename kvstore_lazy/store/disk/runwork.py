@@ -24,28 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kvstore_lazy.store.arena import release_free_memory
 from kvstore_lazy.store.disk import runcalls
 from kvstore_lazy.store.disk.errors import DiskError
 from kvstore_lazy.store.disk.runfile import EMPTY, Format, Probe, Run, RunWriter, merged, rechunk
 
 CHUNK = 1 << 16                     # entries a merge holds of all its inputs together
-
-
-_LIBC: list = []
-
-
-def _trim() -> None:
-    """Give the free memory of this thread's malloc arena back (glibc: ``malloc_trim``). A job's temporaries (chunks
-    below the mmap threshold, store/tier.py) come from the thread's own arena, which would otherwise keep up to the
-    trim threshold of them between jobs. No glibc: nothing."""
-    if not _LIBC:
-        try:
-            import ctypes
-            _LIBC.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    if _LIBC[0] is not None:
-        _LIBC[0](0)
 
 
 class Group:
@@ -211,7 +195,7 @@ class Worker:
                 event, final = ("failed", job, exc), True
             if final:
                 job.steps.close()                   # (its readers let go of the runs they read)
-                _trim()
+                release_free_memory()    # (a job's temporaries: this thread's arena's free heap, among all)
             with self.cond:
                 if final:
                     self._todo.remove(job)
