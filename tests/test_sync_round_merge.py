@@ -154,3 +154,71 @@ def test_the_reused_round_buffers_keep_no_more_than_their_cap():
     big = buffers(rows, 32)
     assert big[1].shape == (rows, 32) and not np.shares_memory(big[1], values)
     assert len(buffers.values) == 1000 * 32 and len(buffers.ids) == 1000
+
+
+def first_come(pushes):
+    """The ids in the order each first comes: push 0's, then the new ones of push 1, ..."""
+    seen: dict[int, None] = {}
+    for ids, _ in pushes:
+        seen.update(dict.fromkeys(ids.tolist()))
+    return list(seen)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_round_merged_in_any_order_has_the_same_rows_and_slots_bit_for_bit(seed):
+    """merge_slots(any_order=True) (a hash table of the ids, for a key whose update takes its rows by slot): each
+    row the same bits and the same slot as the sorted merge, the rows in the order each first came."""
+    rng = np.random.default_rng(seed)
+    k, cols = int(rng.integers(1, 10)), int(rng.choice([1, 3, 32]))
+    pushes, slots = [], []
+    for j in range(k):
+        n = int(rng.integers(0, 300)) if rng.random() > 0.2 else 0
+        ids = np.sort(rng.choice(2000, n, replace=False)).astype(np.int64)
+        vals = rng.choice(np.float32([0.0, -0.0, 1.5, -2.25, 1e-40, 3e38, np.inf, np.nan, 1e8, -1e8]), (n, cols))
+        pushes.append((ids, (vals * rng.standard_normal((n, cols))).astype(np.float32)))
+        known = np.where(rng.random(n) < 0.2, -1, ids * 3 + 1).astype(np.int64)
+        slots.append(None if j == 1 else (known, "token", False))
+    (ids, vals), (got_slots, token, complete) = RowSparseKey.merge_slots(pushes, slots, any_order=True)
+    assert ids.tolist() == first_come(pushes) and token == "token"
+    (want_ids, want_vals), (want_slots, _, want_complete) = RowSparseKey.merge_slots(pushes, slots)
+    order = np.argsort(ids, kind="stable")
+    same((ids[order], vals[order]), (want_ids, want_vals))
+    with np.errstate(all="ignore"):     # (3e38 + 3e38: inf, as in C)
+        same((ids[order], vals[order]), by_row(pushes))
+    assert got_slots[order].tolist() == want_slots.tolist() and complete == want_complete
+
+
+def test_a_key_merges_its_round_in_any_order_only_when_its_update_takes_slots(tmp_path):
+    """A key that reuses slots (no policy, disk tier or history) gets its round in first-come order; any other key
+    sorted by id (its update looks its rows up, admits and stamps them in id order)."""
+    from kvstore_lazy.server.lifecycle import Lifecycle, Policy, RowPolicy, Settings
+    key = RowSparseKey(3, np.dtype(np.float32), 2, np.dtype(np.float32), 1, 100)
+    pushes = [push([5, 9], [[1.0, 2.0], [3.0, 4.0]]), push([2, 9], [[5.0, 6.0], [7.0, 8.0]])]
+    slots = [(np.array([0, 1], np.int64), key.slot_token(), True), (np.array([2, 1], np.int64), key.slot_token(),
+                                                                       True)]
+    assert key.reuses_slots()
+    (ids, _), (merged_slots, _, complete) = key.merge_slots_any_order(pushes, slots)
+    assert ids.tolist() == [5, 9, 2] and merged_slots.tolist() == [0, 1, 2] and complete
+    key.policy = RowPolicy(Policy(admit_min_count=2), Lifecycle(Settings(), 1), 3, 0)
+    assert not key.reuses_slots()
+    (ids, _), _ = key.merge_slots_any_order(pushes, slots)
+    assert ids.tolist() == [2, 5, 9]
+
+
+def test_a_round_in_any_order_whose_slots_went_stale_is_applied_as_if_sorted():
+    """A round merged in first-come order whose pull-time slots no longer hold (another token) takes the general
+    path: its rows are put in id order first, so new rows get the slots, and the table the rows, that a round
+    merged by id gives."""
+    ids = np.array([9, 2, 5, 40, 1], np.int64)
+    values = np.arange(10, dtype=np.float32).reshape(5, 2)
+    keys = [RowSparseKey(3, np.dtype(np.float32), 2, np.dtype(np.float32), 0, 100) for _ in range(2)]
+    keys[0]._table.insert_absent(np.array([5], np.int64))       # one row there before the round, in both
+    keys[1]._table.insert_absent(np.array([5], np.int64))
+    stale = (np.array([3, 4, 0, 6, 7], np.int64), ("another table", 0), True)
+    keys[0].apply((ids, values), None, True, stale)
+    order = np.argsort(ids)
+    keys[1].apply((ids[order], values[order]), None, True)
+    for key in keys:
+        assert key._table.lookup(np.sort(ids)).tolist() == keys[1]._table.lookup(np.sort(ids)).tolist()
+    assert keys[0]._table.export()["weights"].tobytes() == keys[1]._table.export()["weights"].tobytes()
+    assert keys[0]._table.weights(keys[0]._table.lookup(ids)).tolist() == values.tolist()

@@ -255,7 +255,8 @@ class KVServer:
         slots as the worker's pull of them found them (``RowSparseKey.apply``; a round merges them with its
         gradients: ``RowSparseKey.merge_slots``)."""
         if self.sync_mode:
-            merge_slots = entry.merge_slots if slots is not None and isinstance(entry, RowSparseKey) else None
+            merge_slots = entry.merge_slots_any_order if slots is not None and isinstance(entry, RowSparseKey) \
+                else None
             done = entry.round.add(request, grad, entry.merge, self.num_workers, slots, merge_slots)
             if done is None:
                 return []

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "index_remove_i64": [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_uint],
     "merge_rows_f32": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr],
     "merge_round_f32": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+    "merge_round_hashed_f32": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
     "sgd_rows": [_ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32],
     "sgd_mom_rows": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32],
     "adam_rows": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _f32, _f32, _f32, _f32, _f32, _f32, _f32, ctypes.c_int],
@@ -74,7 +75,7 @@ _SIGNATURES = {
     "runs_merge": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
     "kernels_digest": [],
 }
-_RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "merge_round_f32": _i64,
+_RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "merge_round_f32": _i64, "merge_round_hashed_f32": _i64,
              "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64,
              "runs_probe": _i64, "runs_merge": _i64, "runs_verify": _i64, "runs_cache_get": _i64,
@@ -226,12 +227,16 @@ def merge_round(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray]) -> tuple[
 
 def merge_round_slots(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray],
                       slots: Sequence[np.ndarray | None] | None,
-                      out: Callable[[int, int], tuple] | None = None) -> tuple | None:
+                      out: Callable[[int, int], tuple] | None = None,
+                      hashed: Callable[[int], tuple] | None = None) -> tuple | None:
     """:func:`merge_round` and the merged rows' slots in the same pass: ``slots[j]`` (int64, one per row of push j,
     or None) the slots push j's rows had in the table when its worker pulled them (-1: absent then); each merged
     row gets the first that knows it (-1 if none does). (ids, vals, slots or None) or None as merge_round.
     ``out(rows, cols)``: the caller's (ids, vals, slots) arrays for up to that many rows to write them into (int64,
-    float32 (rows, cols), int64; C-contiguous), instead of new ones."""
+    float32 (rows, cols), int64; C-contiguous), instead of new ones. With ``hashed(entries)`` (the caller's int64 and
+    int32 arrays of that many entries, a power of two), the merged rows come in the order each first came (push 0's,
+    then the new ones of push 1, ...), not sorted by id, each the same bits: for an update that needs no order
+    (``merge_round_hashed_f32``: a hash table of the ids instead of a tournament)."""
     if not vals:
         return None
     cols = vals[0].shape[1]
@@ -261,6 +266,14 @@ def merge_round_slots(ids: Sequence[np.ndarray], vals: Sequence[np.ndarray],
         out_slots = np.empty(room, np.int64) if out_slots is None else out_slots
     else:
         out_slots = None
+    if hashed is not None and room < 1 << 30:
+        table, where = hashed(max(2, 1 << (2 * room - 1).bit_length()))
+        if table.dtype != _I64 or where.dtype != np.int32 or len(where) != len(table) or len(table) < 2 * room:
+            raise ValueError("merge_round: hashed gave arrays of other types or sizes")
+        n = _lib.merge_round_hashed_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out_vals),
+                                        slot_ptrs, None if out_slots is None else _addr(out_slots), _addr(table),
+                                        _addr(where), len(table) - 1)
+        return out_ids[:n], out_vals[:n], None if out_slots is None else out_slots[:n]
     n = _lib.merge_round_f32(k, id_ptrs, val_ptrs, _addr(counts), cols, _addr(out_ids), _addr(out_vals),
                              _addr(scratch), slot_ptrs, None if out_slots is None else _addr(out_slots))
     return out_ids[:n], out_vals[:n], None if out_slots is None else out_slots[:n]

@@ -1,7 +1,7 @@
 /* Rows in memory, one pass each (callers: the server's dist_sync rounds, RowTable's removals, the budget's passes).
  *
  * Owns: the sorted union of two workers' row_sparse gradients (merge_rows_f32) and of a whole dist_sync round's
- * (merge_round_f32), moving whole rows within an array
+ * (merge_round_f32; merge_round_hashed_f32 in first-come order), moving whole rows within an array
  * (move_rows) and the histogram of int32 scores (count_values_i32). Does not own: which rows, slots or scores
  * (kernels.py checks every slot and shape first).
  */
@@ -124,6 +124,73 @@ int64_t merge_round_f32(int64_t k, const int64_t **ids, const float **vals, cons
                                 slots_out);
     return merge_round_loop(k, leaves, total, win[1], ids, vals, cols, ids_out, out, left, key, order, loser, slots,
                             slots_out);
+}
+
+/* merge_round_f32's sums, in the order each row first comes instead of sorted by id: for a round whose update needs
+ * no order (its rows' slots known: server/keys/row_sparse.py's merge_slots), a hash table of the ids (its `mask + 1`
+ * entries: `table`, where empty is -1, and `where`, each id's merged row) replaces the tournament, whose dependent
+ * comparisons were ~60% of the merge. The same bits: pushes are read in push order, so each row is still summed in
+ * push order, ((p0 + p1) + p2) + ..., starting as push 0's row's copy or as 0 + the first push's row; each merged
+ * row's slot is the first push's that knows it (-1 if none). mask + 1: a power of two, at least twice the sum of n
+ * (the table then at most half full: a probe or two an id). Returns the rows written. */
+static inline __attribute__((always_inline)) int64_t merge_hashed_loop(
+        int64_t k, const int64_t **ids, const float **vals, const int64_t *n, int64_t cols, int64_t *ids_out,
+        float *out, const int64_t **slots, int64_t *slots_out, int64_t *table, int32_t *where, int64_t mask,
+        int shift) {
+    int64_t rows = 0;
+    size_t row = (size_t)cols * sizeof(float);
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t *id_of = ids[j], *slot_of = slots ? slots[j] : NULL;
+        const float *v = vals[j];
+        for (int64_t i = 0; i < n[j]; i++, v += cols) {
+            if (i + ROW_PREFETCH < n[j]) {        /* the table is ~1 MiB a round of 8 x 8,192 rows: past L2 */
+                uint64_t ahead = ((uint64_t)id_of[i + ROW_PREFETCH] * 0x9E3779B97F4A7C15ull) >> shift;
+                __builtin_prefetch(table + ahead, 0);
+                __builtin_prefetch(where + ahead, 0);
+            }
+            if (i + PREFETCH < n[j]) {            /* and a row seen before: its sum, 8 rows ahead (~4 MiB of them) */
+                int64_t next = id_of[i + PREFETCH];
+                uint64_t at = ((uint64_t)next * 0x9E3779B97F4A7C15ull) >> shift;
+                if (table[at] == next) {
+                    const char *o = (const char *)(out + (int64_t)where[at] * cols);
+                    for (size_t b = 0; b < row && b < PREFETCH_BYTES; b += 64) __builtin_prefetch(o + b, 1);
+                }
+            }
+            int64_t id = id_of[i];
+            uint64_t h = ((uint64_t)id * 0x9E3779B97F4A7C15ull) >> shift;
+            while (table[h] != -1 && table[h] != id) h = (h + 1) & (uint64_t)mask;
+            int64_t slot = slot_of ? slot_of[i] : -1;
+            if (table[h] == -1) {                 /* the row's first push */
+                table[h] = id;
+                where[h] = (int32_t)rows;
+                float *restrict o = out + rows * cols;
+                if (slots_out) slots_out[rows] = slot;
+                ids_out[rows++] = id;
+                if (j == 0) {
+                    memcpy(o, v, row);
+                } else {
+                    for (int64_t c = 0; c < cols; c++) o[c] = 0.0f + v[c];
+                }
+            } else {
+                int64_t r = where[h];
+                float *restrict o = out + r * cols;
+                for (int64_t c = 0; c < cols; c++) o[c] = o[c] + v[c];
+                if (slots_out && slots_out[r] < 0) slots_out[r] = slot;
+            }
+        }
+    }
+    return rows;
+}
+
+int64_t merge_round_hashed_f32(int64_t k, const int64_t **ids, const float **vals, const int64_t *n, int64_t cols,
+                               int64_t *ids_out, float *out, const int64_t **slots, int64_t *slots_out,
+                               int64_t *table, int32_t *where, int64_t mask) {
+    int shift = 64;
+    for (int64_t size = mask + 1; size > 1; size >>= 1) shift--;
+    memset(table, 0xff, (size_t)(mask + 1) * sizeof(int64_t));
+    if (cols == 32)
+        return merge_hashed_loop(k, ids, vals, n, 32, ids_out, out, slots, slots_out, table, where, mask, shift);
+    return merge_hashed_loop(k, ids, vals, n, cols, ids_out, out, slots, slots_out, table, where, mask, shift);
 }
 
 /* Row dst[i] of an array of rows of `row_bytes` = row src[i] (a table's removal refilling its holes; no row is both

@@ -33,6 +33,15 @@ class _RoundBuffers:
     def __init__(self) -> None:
         self.ids = self.slots = np.zeros(0, np.int64)
         self.values = np.zeros(0, np.float32)
+        self.table, self.where = np.zeros(0, np.int64), np.zeros(0, np.int32)
+
+    def hash_table(self, entries: int) -> tuple[np.ndarray, np.ndarray]:
+        """The hash table of a merge in any order (``kernels.merge_round_slots``' `hashed`): ids and rows."""
+        if entries * 12 > ROUND_BUFFER_MAX:
+            return np.empty(entries, np.int64), np.empty(entries, np.int32)
+        if len(self.table) < entries:
+            self.table, self.where = np.empty(entries, np.int64), np.empty(entries, np.int32)
+        return self.table[:entries], self.where[:entries]
 
     def __call__(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows * (16 + 4 * cols) > ROUND_BUFFER_MAX:       # (not kept: the budget does not count them)
@@ -155,8 +164,15 @@ class RowSparseKey(RowKeySnapshots):
                 merged = kernels.merge_rows(merged[0], merged[1], local_ids, values)
         return merged
 
+    def merge_slots_any_order(self, pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[tuple | None]) -> tuple:
+        """:meth:`merge_slots` for this key's round, its rows in the order each first came rather than sorted by id
+        when the key :meth:`reuses_slots` (its update by slots takes rows in any order; the same sums, bit for bit:
+        ``kernels.merge_round_slots``' `hashed`, a hash table of the ids instead of a tournament's comparisons)."""
+        return self.merge_slots(pushes, slots, any_order=self.reuses_slots())
+
     @staticmethod
-    def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[tuple | None]) -> tuple:
+    def merge_slots(pushes: list[tuple[np.ndarray, np.ndarray]], slots: list[tuple | None],
+                    any_order: bool = False) -> tuple:
         """:meth:`merge` and the merged rows' slots in the same pass (``kernels.merge_round_slots``): `slots[j]`
         (slots, slot_token, complete) as push j's rows had them when its worker pulled them (None: not known);
         ((ids, values), (slots, token, whether none is -1) or None). Pulls under different tokens: merged without
@@ -169,7 +185,8 @@ class RowSparseKey(RowKeySnapshots):
         if all(len(local_ids) == 0 for local_ids, _ in pushes[1:]):
             return pushes[0], slots[0]
         got = kernels.merge_round_slots([local_ids for local_ids, _ in pushes], [values for _, values in pushes],
-                                        [None if hint is None else hint[0] for hint in slots], _ROUND_BUFFERS)
+                                        [None if hint is None else hint[0] for hint in slots], _ROUND_BUFFERS,
+                                        _ROUND_BUFFERS.hash_table if any_order else None)
         if got is None:
             return RowSparseKey.merge(pushes), None
         return got[:2], (got[2], tokens[0], bool((got[2] >= 0).all()))
@@ -193,6 +210,10 @@ class RowSparseKey(RowKeySnapshots):
         if slots is not None and slots[2] and self.reuses_slots() and slots[1] == self.slot_token():
             self._update(slots[0], values, optimizer)    # every row in the table, at the slots its pull found
             return
+        if slots is not None and len(local_ids) > 1 and not (local_ids[1:] > local_ids[:-1]).all():
+            order = np.argsort(local_ids, kind="stable")     # a round merged in any order (merge_slots_any_order)
+            local_ids, values = local_ids[order], np.ascontiguousarray(values[order])    # whose slots went stale
+            slots = (slots[0][order], slots[1], slots[2])
         row_ids = self.row_ids_of(local_ids)
         admit = None if self.row_steps else self._disk_admit()   # (rows with their own steps: updated in memory)
         if admit is None:
