@@ -82,8 +82,9 @@ VARIABLES: tuple[Variable, ...] = (
     _v("KVSTORE_LAZY_ADMIT_CAP", "int", "1048576", "server",
        "Ids waiting for admission kept per key per server; over it the ones counted longest ago are forgotten."),
     _v("KVSTORE_LAZY_MEMORY_BUDGET", "bytes", "", "server",
-       "Per server: bytes the row tables may account for (`512MiB`, `8GiB`); past it the lowest-scoring rows of "
-       "every lazy key go (evicted, or to the disk tier)."),
+       "Per server: bytes the server's rows and the buffers of its phases may take (`512MiB`, `8GiB`); past it, "
+       "less the share kept for the buffers (1/8 of what is over 32 MiB, at most 128 MiB), the lowest-scoring rows "
+       "of every lazy key go (evicted, or to the disk tier)."),
     _v("KVSTORE_LAZY_EVICT", "choice", "lru", "server",
        "Which rows the budget removes first: least recently (`lru`) or least frequently (`lfu`) pushed.",
        ("lru", "lfu")),

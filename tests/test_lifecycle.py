@@ -237,6 +237,42 @@ def test_budget_lru_keeps_the_predicted_rows_and_bounds_the_bytes(score_chunk, m
     assert key_stats(peer)["evicted_budget"] == model.evicted
 
 
+def test_budget_keeps_its_reserve_for_the_phases_buffers(monkeypatch):
+    """The rows are held to the budget less its reserve (documented: 1/8 of what is over the floor, at most the
+    cap), so the same stream keeps the rows the model predicts for that smaller budget; the stats and the warning
+    still name the budget the user set."""
+    from kvstore_lazy.server import policy as policy_module
+    monkeypatch.setattr(policy_module, "RESERVE_FLOOR", 10_000)
+    monkeypatch.setattr(policy_module, "RESERVE_MAX", 2_000)
+    budget = 30_000
+    rows_budget = budget - min(2_000, (budget - 10_000) // 8)          # 28,000: the cap holds
+    settings = Settings(memory_budget=budget, low_watermark=0.8)
+    assert (settings.reserve, settings.row_budget) == (2_000, rows_budget)
+    peer, workers = server(settings=settings)
+    model = lm.KeyModel(KEY, SEED, budget_managed=True)
+    world = lm.ServerModel([model], budget=rows_budget, low=0.8)
+    for step, per_worker in enumerate(streams(rounds=50, span=2000, batch=40)):
+        sync_round(peer, workers, per_worker, step)
+        model.push_round(np.concatenate(per_worker).tolist())
+        world.end_round(KEY)
+        assert rows_of(peer) == sorted(model.rows), step
+        assert peer.server.lifecycle.accounted(peer.server.keys) == world.accounted() <= rows_budget
+    assert model.evicted > 100
+    assert peer.server.lifecycle.stats(peer.server.keys)["memory_budget"] == budget
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 20, 32 << 20, (32 << 20) + 7, 100 << 20, 1 << 30, 1100 << 20, 8 << 30])
+def test_the_reserve_is_a_share_of_the_budget_over_its_floor_and_budget_for_inverts_it(budget):
+    settings = Settings(memory_budget=budget)
+    assert settings.reserve == min(128 << 20, max(0, budget - (32 << 20)) // 8)
+    assert settings.row_budget == budget - settings.reserve
+    want = Settings.budget_for(settings.row_budget)
+    assert Settings(memory_budget=want).row_budget >= settings.row_budget
+    assert want <= budget
+    if budget:      # the smallest
+        assert Settings(memory_budget=want - 1).row_budget < settings.row_budget
+
+
 @pytest.mark.parametrize("score_chunk", [None, 2])
 def test_budget_lfu_evicts_the_rarely_pushed_rows_first(score_chunk, monkeypatch):
     if score_chunk:

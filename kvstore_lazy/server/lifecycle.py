@@ -16,7 +16,8 @@ Policies (per key, all off by default: a key without one behaves exactly as befo
 - ``ttl_rounds`` T: a row not pushed in the last T rounds of its key is removed; ``ttl_seconds`` S: not pushed for
   S seconds of the server clock;
 - a server-wide ``memory_budget`` (bytes) with ``evict`` lru|lfu: when the accounted bytes of all row tables pass
-  it, the lowest-scoring rows of every lazy key go until ``low_watermark`` x budget is left.
+  its ``row_budget`` (the budget less the share it keeps for the buffers of snapshots, fetches, passes and merges:
+  ``Settings.reserve``), the lowest-scoring rows of every lazy key go until ``low_watermark`` x that is left.
 
 Until an id is admitted a pull answers its deterministic initial value without storing it (as
 ``KVSTORE_LAZY_MATERIALIZE=push``) and a push is counted and its gradient rows dropped (``dropped`` in the stats). In
@@ -410,7 +411,7 @@ class Lifecycle:
         """Bytes left under the memory budget now (0 with no budget)."""
         if not self.settings.memory_budget:
             return 0
-        return max(0, self.settings.memory_budget - self.accounted(self.keys))
+        return max(0, self.settings.row_budget - self.accounted(self.keys))
 
     @staticmethod
     def _tables(keys: dict) -> list:
@@ -421,10 +422,11 @@ class Lifecycle:
         return sum(e.accounted_bytes() for e in self._tables(keys))
 
     def enforce_budget(self, keys: dict) -> int:
-        """Over the budget: evict the lowest-scoring rows of lazy keys (score, then key, then row id) until the
-        accounted bytes are at the low watermark. Returns the rows evicted. Its temporaries are a few bytes a row
-        (the scores and one copy of them), not copies of the rows or their ids."""
-        budget = self.settings.memory_budget
+        """Over the row budget (the memory budget less its reserve for the phases' buffers): evict the
+        lowest-scoring rows of lazy keys (score, then key, then row id) until the accounted bytes are at the low
+        watermark of it. Returns the rows evicted. Its temporaries are a few bytes a row (the scores and one copy of
+        them), not copies of the rows or their ids."""
+        budget = self.settings.row_budget
         total = self.accounted(keys)
         if total <= budget:
             return 0
@@ -474,8 +476,9 @@ class Lifecycle:
         and what to set for each."""
         if not self._warned:
             self._warned = True
-            log.warning("memory budget %d bytes exceeded (%d accounted) by what no budget pass can move: %s",
-                        self.settings.memory_budget, total, self._unmovable(keys or {}))
+            log.warning("memory budget %d bytes (%d for rows, %d kept for the phases' buffers) exceeded (%d "
+                        "accounted) by what no budget pass can move: %s", self.settings.memory_budget,
+                        self.settings.row_budget, self.settings.reserve, total, self._unmovable(keys or {}))
         return 0
 
     def _unmovable(self, keys: dict) -> str:
@@ -498,7 +501,7 @@ class Lifecycle:
                      "bytes an entry plus the buckets for each further row; about 1.4 once written to disk as a run, "
                      "its filters, fences and newest entries staying in memory: raise "
                      "KVSTORE_LAZY_MEMORY_BUDGET for this many rows on disk, to more than %d bytes now)"
-                     % (on_disk, parts["index"] / max(on_disk, 1), per_row, total),
+                     % (on_disk, parts["index"] / max(on_disk, 1), per_row, Settings.budget_for(total)),
             "plain": "rows of row_sparse keys not declared lazy, %d bytes (the budget evicts only lazy keys' rows: "
                      "declare them with kvstore_lazy.worker.init_lazy, or raise KVSTORE_LAZY_MEMORY_BUDGET)",
             "pending": "ids waiting for admission, %d bytes (lower KVSTORE_LAZY_ADMIT_CAP)"}

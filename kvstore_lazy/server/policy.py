@@ -26,6 +26,9 @@ DISK_LOW_WATERMARK = 0.98       # the default with a disk tier: a pass moves row
                                 # at a time (2% of the budget), often: each round end's pass (after its replies)
                                 # stays short, and memory stays full
 MAX_ROUNDS = (1 << 31) - 1
+RESERVE_FLOOR = 32 << 20        # a budget's share for the buffers of its phases (Settings.reserve): none below this,
+RESERVE_SHARE = 8               # 1/8 of what is above it,
+RESERVE_MAX = 128 << 20         # at most this
 ENV = {"admit_min_count": "KVSTORE_LAZY_ADMIT_MIN_COUNT", "admit_prob": "KVSTORE_LAZY_ADMIT_PROB",
        "ttl_rounds": "KVSTORE_LAZY_TTL_ROUNDS", "ttl_seconds": "KVSTORE_LAZY_TTL_SECONDS"}
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -94,6 +97,10 @@ class Policy:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _reserve(budget: int) -> int:
+    return min(RESERVE_MAX, max(0, budget - RESERVE_FLOOR) // RESERVE_SHARE)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,35 @@ class Settings:
             return cls(defaults=Policy().updated(fields), track_changes=track_changes, **options)
         except ValueError as exc:
             raise ValueError(f"KVSTORE_LAZY_{str(exc).split()[0].upper()}: {exc}") from None
+
+    @property
+    def reserve(self) -> int:
+        """Bytes of the memory budget kept for the buffers of the server's phases (budget passes, demotions and the
+        disk index's merges, snapshots, checkpoint fetches, restores), never for rows: the row tables are held to
+        :attr:`row_budget`. Those buffers are fixed caps (a few MiB each) plus a few bytes a row a pass moves, so
+        what a budget past ``RESERVE_FLOOR`` has over it pays 1/RESERVE_SHARE, at most ``RESERVE_MAX``: a budget of
+        1 GiB keeps 124 MiB, of 256 MiB 28 MiB, of 32 MiB or less nothing (its phases' buffers are within the
+        fixed caps a server has over its budget anyway)."""
+        return _reserve(self.memory_budget)
+
+    @property
+    def row_budget(self) -> int:
+        """Bytes the row tables may account for: the memory budget less its :attr:`reserve` (0: no budget)."""
+        return self.memory_budget - self.reserve
+
+    @staticmethod
+    def budget_for(row_bytes: int) -> int:
+        """The smallest memory budget whose :attr:`row_budget` holds `row_bytes` (what to tell a user to set)."""
+        if row_bytes <= RESERVE_FLOOR:
+            return row_bytes
+        # budget - (budget - FLOOR) / SHARE = row_bytes while the reserve is under its cap (then the floor division's
+        # few bytes)
+        budget = -(-(RESERVE_SHARE * row_bytes - RESERVE_FLOOR) // (RESERVE_SHARE - 1))
+        if budget - RESERVE_FLOOR >= RESERVE_SHARE * RESERVE_MAX:
+            budget = row_bytes + RESERVE_MAX
+        while budget - 1 - _reserve(budget - 1) >= row_bytes:
+            budget -= 1
+        return budget
 
     def to_json(self) -> dict:
         return {"defaults": self.defaults.to_json(), "memory_budget": self.memory_budget, "evict": self.evict,
