@@ -509,3 +509,26 @@ def test_handed_over_records_are_read_after_their_write_and_a_failed_write_is_a_
         store.commit()
     store.close()
     assert SegmentStore.open(tmp_path / "s").get(ids).tobytes() == payload(ids).tobytes()   # the last commit's
+
+
+def test_a_dense_index_is_committed_a_piece_at_a_time(tmp_path):
+    """The commit writes a dense index's ids and locations piece by piece (store.npz): the file holds every stored
+    row, and the commit never holds a copy of them all (12 bytes a row: 12 MB here)."""
+    import tracemalloc
+    rows = 1_000_000
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=1 << 14, rows=(0, 2 * rows))
+    ids = np.arange(0, 2 * rows, 2, dtype=np.uint64)
+    for lo in range(0, rows, 1 << 16):
+        store.put(ids[lo:lo + (1 << 16)], payload(ids[lo:lo + (1 << 16)]))
+    tracemalloc.start()
+    try:
+        store.commit()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 << 20, f"a commit of {rows} rows held {peak} bytes"
+    with np.load(tmp_path / "s" / "index.npz", allow_pickle=False) as z:
+        assert np.array_equal(z["ids"], ids) and len(z["locs"]) == rows
+    again = SegmentStore.open(tmp_path / "s")
+    some = ids[::997]
+    assert len(again) == rows and again.get(some).tobytes() == payload(some).tobytes()

@@ -62,6 +62,7 @@ import numpy as np
 from kvstore_lazy import paths
 from kvstore_lazy.persist import members
 from kvstore_lazy.persist.atomic import atomic_write_dir, file_digest, remove_path, settle_dir
+from kvstore_lazy.store.npz import savez
 
 FORMAT = 1
 TAGGED_DIR = paths.TAGGED_DIR   # <dir>/tagged/rank<r>: the snapshot a LAZY_SNAPSHOT command with a tag asked for
@@ -94,28 +95,6 @@ def _array(value, dtype=None):
             raise ValueError(f"an array in pieces of {value.dtype}, not {dtype}")      # (our bug: the tables')
         return value
     return np.asarray(value, dtype)
-
-
-def savez(path: Path, arrays: dict) -> None:
-    """``np.savez(path, **arrays)``, where an array may come in pieces (anything with ``shape``, ``dtype`` and
-    ``pieces()`` yielding consecutive parts along its first axis: ``store.rows.Pieces``), written piece by piece:
-    the zip np.savez writes (members stored uncompressed, zip64), each member byte for byte what np.savez writes
-    for the whole array (only the zip entries' times differ, as between any two np.savez), never the whole array
-    in memory."""
-    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, value in arrays.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as member:
-                if not hasattr(value, "pieces"):
-                    np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-                    continue
-                np.lib.format.write_array_header_1_0(member, {"descr": np.lib.format.dtype_to_descr(value.dtype),
-                                                              "fortran_order": False, "shape": tuple(value.shape)})
-                written = 0
-                for piece in value.pieces():
-                    piece = np.ascontiguousarray(piece, value.dtype)
-                    member.write(piece.reshape(-1).view(np.uint8).data)
-                    written += len(piece)
-                assert written == value.shape[0], f"{path}: {name} gave {written} rows, not {value.shape[0]}"
 
 
 def _write_key(directory: Path, key: int, table: dict, checksum: bool) -> dict:

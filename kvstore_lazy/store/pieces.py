@@ -1,7 +1,7 @@
 """An array given piece by piece: what a snapshot of a table writes without ever holding a copy of it.
 
 Owns: :class:`Pieces`, one array of a table's rows (sorted by id) described by its shape and dtype and gathered
-a chunk of rows at a time when read (``RowTable.export_pieces`` makes them; ``persist.snapshots.savez`` writes
+a chunk of rows at a time when read (``RowTable.export_pieces`` makes them; ``store.npz.savez`` writes
 them); :func:`id_order`, the slots of a table's rows in id order, found a range of ids at a time (a sort of every id
 of a table in memory at once holds 16-20 bytes a row, a fifth of the table's own bytes). Does not own: the table
 (``store.rows``), the file format (``persist``).

@@ -6,7 +6,8 @@ committed store (every segment it lists there and of full size, every location i
 Does not own: the file names and the atomic replacement (:mod:`.files`) or the records' checks (:mod:`.verify`).
 
 The index file is the commit point: :func:`commit` fsyncs the segments written since the last commit, then writes
-``index.npz`` atomically (temp file, fsync, rename, fsync of the directory). A store opened again holds exactly
+``index.npz`` atomically (temp file, fsync, rename, fsync of the directory; a dense index's ids and locations
+written a piece at a time, ``store.npz``, never copied whole). A store opened again holds exactly
 what the last commit held; records appended after it are unreferenced garbage (and segment files made after it
 are deleted at the open). A segment a compaction emptied is deleted at once, unless this directory's committed
 index refers to it (then at the next commit). A commit into another directory (``into``, for a server snapshot)
@@ -30,6 +31,7 @@ from kvstore_lazy.store.disk.index import EMPTY, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import FORMAT
 from kvstore_lazy.store.disk.runfile import RUN_GLOB, TEMP_SUFFIX
 from kvstore_lazy.store.disk.state import StoreState
+from kvstore_lazy.store.npz import savez
 
 CONVERT_CHUNK = 1 << 16         # ids of an old hash index put into the runs at a time
 
@@ -154,9 +156,7 @@ def commit(store: StoreState, into=None) -> None:
             arrays = {"live": np.array([bits.row(slot) if bits is not None else np.zeros(width, np.uint8)
                                         for slot in listed], np.uint8).reshape(len(listed), width)}
         else:
-            parts = list(store._index.items())
-            arrays = {"ids": np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64),
-                      "locs": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint32)}
+            arrays = {"ids": _Entries(store._index, 0, np.uint64), "locs": _Entries(store._index, 1, np.uint32)}
             meta["index"] = {"kind": "dense"}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         target = store.path if into is None else Path(into)
@@ -166,7 +166,7 @@ def commit(store: StoreState, into=None) -> None:
                 link_or_copy(store.path / name, target / name)
             if runs is not None and manifest is not None:
                 _link_runs(store.path, manifest, target)
-        atomic_write(target / INDEX_FILE, lambda f: np.savez(f, **arrays))
+        atomic_write(target / INDEX_FILE, lambda f: savez(f, arrays))
         if into is not None and runs is not None and manifest is not None:
             runs.committed(manifest, elsewhere=True)      # (the snapshot's links keep them)
         if into is None:
@@ -180,6 +180,19 @@ def commit(store: StoreState, into=None) -> None:
         if isinstance(exc, DiskError):
             raise
         raise DiskError(exc.errno, f"disk tier {store.path}: commit failed: {exc.strerror or exc}") from exc
+
+
+class _Entries:
+    """The ids (``part`` 0) or the locations (1) of a dense index's stored rows, in id order, in pieces
+    (``DenseIndex.items``): a commit writes them without a copy of either (12 bytes a stored row) in memory."""
+
+    def __init__(self, index, part: int, dtype) -> None:
+        self.index, self.part = index, part
+        self.shape, self.dtype = (len(index),), np.dtype(dtype)
+
+    def pieces(self):
+        for entries in self.index.items():
+            yield entries[self.part]
 
 
 def _link_runs(directory: Path, manifest: dict, target) -> None:
