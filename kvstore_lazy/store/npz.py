@@ -9,13 +9,14 @@ Does not own: what the arrays mean (a snapshot's key file: ``persist.snapshots``
 """
 from __future__ import annotations
 
+import os
 import zipfile
 from typing import IO
 
 import numpy as np
 
 
-def savez(file: str | IO[bytes], arrays: dict) -> None:
+def savez(file: str | os.PathLike | IO[bytes], arrays: dict) -> None:
     """``np.savez(file, **arrays)`` (a path or a file open for writing), an array in pieces written a piece at a
     time (a ValueError, our bug, if its pieces do not add up to its shape)."""
     with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:

@@ -153,7 +153,7 @@ def commit(store: StoreState, into=None) -> None:
             meta["index"] = {"kind": "runs", "manifest": manifest}
             bits = store._bits
             width = (store.segment_rows + 7) // 8
-            arrays = {"live": np.array([bits.row(slot) if bits is not None else np.zeros(width, np.uint8)
+            arrays: dict = {"live": np.array([bits.row(slot) if bits is not None else np.zeros(width, np.uint8)
                                         for slot in listed], np.uint8).reshape(len(listed), width)}
         else:
             arrays = {"ids": _Entries(store._index, 0, np.uint64), "locs": _Entries(store._index, 1, np.uint32)}
