@@ -357,3 +357,30 @@ def test_the_state_machine_refuses_a_transition_it_does_not_list():
     life.to(states.STARTUP_BARRIER)
     life.fail()
     assert life.state == states.FAILED and life.history[-1] == states.FAILED
+
+
+def test_the_loop_is_paced_busy_from_its_busy_share_with_a_band_between():
+    """node.Pace: busy once a window's share of time not spent waiting reaches BUSY_SHARE, idle again only below
+    IDLE_SHARE (a share in between keeps the verdict), one call at each change."""
+    from kvstore_lazy.node.node import BUSY_SHARE, IDLE_SHARE, PACE_WINDOW, Pace
+    calls: list[bool] = []
+    pace = Pace(calls.append, 0.0)
+    now = 0.0
+
+    def window(share: float) -> None:
+        nonlocal now
+        for _ in range(8):                        # eight waits a window, each after its work
+            work = PACE_WINDOW / 8 * share
+            pace.waited(now + work, now + PACE_WINDOW / 8)
+            now += PACE_WINDOW / 8
+    window(0.01)
+    assert calls == []
+    window(BUSY_SHARE + 0.02)
+    assert calls == [True] and pace.busy
+    window((BUSY_SHARE + IDLE_SHARE) / 2)
+    window(IDLE_SHARE + 0.01)
+    assert calls == [True]
+    window(IDLE_SHARE - 0.02)
+    assert calls == [True, False] and not pace.busy
+    window((BUSY_SHARE + IDLE_SHARE) / 2)
+    assert calls == [True, False]

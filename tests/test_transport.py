@@ -13,6 +13,7 @@ Every receive and wait has a deadline.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -296,3 +297,22 @@ def test_a_part_sent_without_a_copy_is_held_until_zeromq_is_done_with_it(ctx):
         assert sys.getrefcount(big) == held
     finally:
         van.close()
+
+
+def test_pace_puts_the_io_thread_under_sched_batch_while_busy_and_back_when_idle():
+    """ZmqVan.pace: ZeroMQ's I/O thread under SCHED_BATCH while the loop is busy, a normal thread otherwise."""
+    if zmq_van._batch_allowed() is None:
+        pytest.skip("this kernel does not let the process use SCHED_BATCH")
+    before = set(zmq_van._io_threads())         # (other tests' contexts may still have theirs)
+    v = ZmqVan()
+    try:
+        v.bind("127.0.0.1", 0)                   # (the first socket starts the I/O thread)
+        tids = set(zmq_van._io_threads()) - before
+        assert tids, "no ZMQbg/IO thread found in /proc/self/task"
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_OTHER}
+        v.pace(True)
+        assert v.io_busy and {os.sched_getscheduler(t) for t in tids} == {os.SCHED_BATCH}
+        v.pace(False)
+        assert not v.io_busy and {os.sched_getscheduler(t) for t in tids} == {os.SCHED_OTHER}
+    finally:
+        v.close()

@@ -36,6 +36,11 @@ DRAIN_MAX = 64                  # queued messages served per loop iteration befo
 # anyway).
 REPLY_BATCH = 16
 BIND_RETRY_EVERY = 0.2          # s between two tries to bind an address that is still busy (rejoin)
+# The loop's busy share (of wall time not spent waiting for a message), measured over PACE_WINDOW s, tells the van
+# how to schedule its own threads (Van.pace): busy from BUSY_SHARE on, idle again below IDLE_SHARE (apart, so that a
+# load near one threshold does not switch it back and forth)
+PACE_WINDOW = 0.25
+BUSY_SHARE, IDLE_SHARE = 0.2, 0.05
 
 
 class Handler(Protocol):
@@ -52,6 +57,26 @@ class Handler(Protocol):
     def pause(self) -> bool:
         """Whether a drain should stop early (a snapshot waits for the first quiescent moment)."""
         ...
+
+
+class Pace:
+    """Whether the serving loop is busy, from the time it spends waiting for messages (see PACE_WINDOW): told each
+    wait, it calls `pace(busy)` when the verdict changes."""
+
+    def __init__(self, pace: Callable[[bool], None], now: float) -> None:
+        self.pace, self.busy = pace, False
+        self.start, self.idle = now, 0.0
+
+    def waited(self, since: float, now: float) -> None:
+        self.idle += now - since
+        span = now - self.start
+        if span < PACE_WINDOW:
+            return
+        share = 1.0 - self.idle / span
+        if share >= BUSY_SHARE if not self.busy else share < IDLE_SHARE:
+            self.busy = not self.busy
+            self.pace(self.busy)
+        self.start, self.idle = now, 0.0
 
 
 class Node:
@@ -143,8 +168,12 @@ class Node:
         """Serve until the handler says it stopped."""
         assert self.handler is not None
         handler = self.handler
+        clock = self.clock
+        pace = Pace(self.van.pace, clock.monotonic())
         while not handler.stopped():
+            waited = clock.monotonic()
             msg = self.recv(self.poll_timeout())
+            pace.waited(waited, clock.monotonic())
             # every message already queued before the timers (at most DRAIN_MAX; a due snapshot still looks for
             # the first quiescent moment after each message)
             served = 0

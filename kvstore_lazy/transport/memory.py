@@ -112,6 +112,7 @@ class MemoryVan:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.closed = False
+        self.busy = False
 
     def bind(self, host: str, port: int, max_retry: int = 40) -> int:
         candidates = [port] if port else []
@@ -181,6 +182,9 @@ class MemoryVan:
 
     def incoming(self) -> bool:
         return bool(self.inbox)
+
+    def pace(self, busy: bool) -> None:
+        self.busy = busy          # (no threads to schedule: kept for tests)
 
     def close(self) -> None:
         """Gone, as a process that died: what it had not read is lost, and links to it go down."""
