@@ -177,7 +177,8 @@ class Node:
             # every message already queued before the timers (at most DRAIN_MAX; a due snapshot still looks for
             # the first quiescent moment after each message)
             served = 0
-            self.delivery.hold()   # replies of this drain (see REPLY_BATCH), sent in order by release
+            if pace.busy:          # replies of this drain (see REPLY_BATCH), sent in order by release; a loop
+                self.delivery.hold()   # that mostly waits has no drain to batch: each reply goes out at once
             while msg is not None:
                 self.dispatch(msg)
                 served += 1
