@@ -4,7 +4,8 @@ Owns: the transport (any ``transport.van.Van``: ZeroMQ in a process, in-memory i
 (``clock.Clock``), the one table of timers (``timers.Timers``), turning received frames into admitted messages
 (malformed ones dropped with one line, every message through ``guard`` before anything reads it), the order in
 which a message is handled (an ACK; a PS_RESEND duplicate; the journal before the ACK; control or request), the
-serving loop with its drains and reply batches, and waiting for a condition while serving (barriers, the final
+serving loop with its drains and reply batches (replies held for a batch only while the loop is busy: ``Pace``,
+which also tells the van, ``Van.pace``), and waiting for a condition while serving (barriers, the final
 stagger).
 Does not own: what a control message or a request means (the ``Handler``: ``runtime.ServerNode``), reliable
 delivery (``delivery``), who may send what (``guard``), or the node's phases (``session``).
@@ -73,7 +74,8 @@ class Pace:
         if span < PACE_WINDOW:
             return
         share = 1.0 - self.idle / span
-        if share >= BUSY_SHARE if not self.busy else share < IDLE_SHARE:
+        changed = share < IDLE_SHARE if self.busy else share >= BUSY_SHARE
+        if changed:
             self.busy = not self.busy
             self.pace(self.busy)
         self.start, self.idle = now, 0.0
