@@ -551,3 +551,48 @@ def test_a_checkpoint_listing_of_a_disk_tier_key_is_a_file_read_back_by_position
     tier.ok(w.command(proto.LAZY_ROWS, json.dumps({"key": KEY})))      # the next one: the old file is closed
     assert len(tier.server.transfer.listings[WORKER0]) == len(ids) + 1
     assert open_files_in(store_dir) == files + 1
+
+
+@pytest.mark.parametrize("index", ["hash", "dense"])
+def test_a_restored_tier_is_the_snapshots_store_opened_with_one_index_built(tmp_path, monkeypatch, index):
+    """A restore opens the snapshot's committed store as the key's tier (its files linked into the key's
+    directory): no fresh tier, and so no second dense index (4 bytes a possible row), is built beside it, not even
+    for a moment; the key restored reads the same rows as the one snapshotted."""
+    from kvstore_lazy.persist import checkpoint
+    from kvstore_lazy.server.core import KVServer
+    from kvstore_lazy.store.disk import index as disk_index
+    from test_server import Peer
+    history = streams(rounds=20, span=20_000, batch=100)
+    budget = budget_for(index, monkeypatch)
+    settings = Settings(memory_budget=budget, disk_dir=str(tmp_path / "a"), track_changes=True)
+    a, workers = server(settings=settings)
+    for step, per_worker in enumerate(history):
+        for w, ids in zip(workers, per_worker):
+            a.values(w.rsp_pull(KEY, ids))
+        sync_round(a, workers, per_worker, step)
+    assert key_stats(a)["disk_rows"] > 0
+    meta, snap = a.server.snapshot()
+    checkpoint.write_snapshot(tmp_path / "snap", 0, 1, snap, meta)
+    loaded = checkpoint.load_snapshot(tmp_path / "snap", 0, pieces=True)
+    built: list[int] = []
+    dense_init, runs_init = disk_index.DenseIndex.__init__, disk_index.RunIndex.__init__
+
+    def dense(self, first, count):
+        if count:
+            built.append(count)
+        dense_init(self, first, count)
+
+    def runs(self, *args, **kwargs):
+        built.append(-1)
+        runs_init(self, *args, **kwargs)
+    monkeypatch.setattr(disk_index.DenseIndex, "__init__", dense)
+    monkeypatch.setattr(disk_index.RunIndex, "__init__", runs)
+    monkeypatch.setattr(tier_module, "DENSE_SHARE", 4)     # the store restored keeps the index kind it had
+    b = Peer(KVServer(0, 1, 2, lifecycle=Settings(memory_budget=budget, disk_dir=str(tmp_path / "b"),
+                                                  track_changes=True)))
+    b.server.restore(loaded.manifest["server"], loaded.tables)
+    assert len(built) == 1, f"indexes built by the restore: {built}"
+    assert index_kind(b) == index
+    assert (built[0] > 0) == (index == "dense")
+    assert tables(b) == tables(a)
+    assert b.server.inspect() == a.server.inspect()

@@ -118,8 +118,8 @@ class SegmentStore:
         self._checks, self._checks_numpy = layout.checks, layout.checks_numpy
         self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
         self.memtable_entries = int(memtable_entries)
-        # the index: dense over rows, else a RunIndex made below (a new store) or by load_index (an open)
-        self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows is not None else DenseIndex(0, 0)
+        # the index: dense over rows, else a RunIndex made below (a new store); an open's only by load_index
+        self._index: DenseIndex | RunIndex = DenseIndex(*self.rows) if self.rows and _create else DenseIndex(0, 0)
         self._bits: LiveBits | None = None          # the live bits: made once the RunIndex has runs (_ensure_bits)
         self._last_locs = np.zeros(0, np.uint32)    # the locations of the records get_records gave last
         self._names: dict[int, str] = {}                    # segment slot -> file name

@@ -28,13 +28,22 @@ from kvstore_lazy.store.tier import DiskTier, dense_rows, memtable_entries
 class RowKeyDisk(RowKeyFields):
     """The key's disk tier and its part of the lifecycle (see the module docstring)."""
 
-    def _open_disk(self, lifecycle: Lifecycle) -> None:
-        """A fresh disk tier for this key when the server has one and the key's rows are budget-managed."""
-        if lifecycle.settings.disk_dir and self.policy is not None:
-            self.disk = DiskTier(self.disk_path(lifecycle), self._table, lifecycle.settings.disk_segment_rows,
-                                 compact_ratio=lifecycle.settings.disk_compact,
-                                 rows=dense_rows(self.row_offset, self.local_rows, lifecycle.settings.memory_budget),
-                                 memtable_entries=memtable_entries(lifecycle.settings.memory_budget))
+    def _open_disk(self, lifecycle: Lifecycle, source: Path | None = None) -> None:
+        """This key's disk tier when the server has one and the key's rows are budget-managed: a fresh one, or
+        (`source`: a snapshot's committed store) that store, its files linked into the key's directory and opened
+        there. Only that one store and its index are built: never a fresh tier (with a dense index of its own, 4
+        bytes a possible row) beside the snapshot's while it is restored."""
+        if not (lifecycle.settings.disk_dir and self.policy is not None):
+            return
+        settings = lifecycle.settings
+        if source is not None:
+            self.disk = DiskTier.restore(source, self.disk_path(lifecycle), self._table, settings.disk_compact,
+                                         memtable_entries(settings.memory_budget))
+            return
+        self.disk = DiskTier(self.disk_path(lifecycle), self._table, settings.disk_segment_rows,
+                             compact_ratio=settings.disk_compact,
+                             rows=dense_rows(self.row_offset, self.local_rows, settings.memory_budget),
+                             memtable_entries=memtable_entries(settings.memory_budget))
 
     def disk_path(self, lifecycle: Lifecycle) -> Path:
         return paths.disk_store(lifecycle.settings.disk_dir, self.rank, self.key)

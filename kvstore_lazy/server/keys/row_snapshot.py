@@ -139,13 +139,10 @@ class RowKeySnapshots(RowKeyCatchUp):
         if num_states is not None and entry.num_states != num_states:
             entry._table.set_num_states(num_states)
         entry.rank = int(info.get("rank", 0))
-        if lifecycle is not None:
-            entry._open_disk(lifecycle)
         disk = table.get("disk")                    # the snapshot's disk tier (a committed store's directory)
-        if disk is not None and entry.disk is not None:
-            entry.disk = DiskTier.restore(disk, entry.disk.path, entry._table, lifecycle.settings.disk_compact,
-                                          entry.disk.store.memtable_entries)
-        elif disk is not None:                      # no disk tier now: its rows come into memory
+        if lifecycle is not None:                   # (that store itself if there is one: no fresh tier beside it)
+            entry._open_disk(lifecycle, source=disk)
+        if disk is not None and entry.disk is None:     # no disk tier now: its rows come into memory
             for rows in DiskTier.open(disk, entry._table).chunks():
                 entry._table.insert_rows(rows)
             entry._rebuilt = True
