@@ -253,3 +253,82 @@ def test_runs_a_snapshot_linked_are_deleted_from_the_store_once_merges_replace_t
     assert len(in_use) < 15 and set(runs_in(tmp_path / "s")) == in_use
     for snap in (0, 17, 29):
         assert contents(SegmentStore.open(tmp_path / f"snap{snap}")) == wants[snap]
+
+
+def dense_store(path: Path, n: int = 3000) -> tuple[SegmentStore, tuple[bytes, bytes]]:
+    store = SegmentStore(path, PAYLOAD, segment_rows=64, rows=(1000, 50_000))
+    ids = np.random.default_rng(5).choice(50_000, n, replace=False).astype(np.uint64) + np.uint64(1000)
+    store.put(ids, payload(ids))
+    store.put(ids[:400], payload(ids[:400], 3.0))
+    store.delete(ids[-200:])
+    store.commit()
+    return store, contents(store)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 15])
+def test_a_dense_index_read_in_pieces_equals_a_whole_read(tmp_path, monkeypatch, chunk):
+    """A dense index's commit is read DENSE_CHUNK entries at a time straight into the index: the index and the live
+    counts are those of the store committed (and of the ids and locations read whole)."""
+    from kvstore_lazy.store.disk import commit as disk_commit
+    store, want = dense_store(tmp_path / "s")
+    locs, live = store._index._locs.copy(), store._live.copy()
+    store.close()
+    with np.load(tmp_path / "s" / "index.npz") as z:
+        whole = np.full(50_000, DenseIndex.EMPTY, np.uint32)
+        whole[z["ids"].astype(np.int64) - 1000] = z["locs"]
+    monkeypatch.setattr(disk_commit, "DENSE_CHUNK", chunk)
+    opened = SegmentStore.open(tmp_path / "s")
+    assert isinstance(opened._index, DenseIndex)
+    assert np.array_equal(opened._index._locs, locs) and np.array_equal(opened._index._locs, whole)
+    assert np.array_equal(opened._live, live) and len(opened._index) == len(store._index)
+    assert contents(opened) == want
+    opened.close()
+
+
+def member_data(path: Path, name: str) -> tuple[int, int]:
+    """(offset, size) of member ``name``'s bytes (npy header and data) in the zip at ``path``."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(name + ".npy")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        lengths = np.frombuffer(f.read(4), "<u2")
+    return info.header_offset + 30 + int(lengths[0]) + int(lengths[1]), info.compress_size
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("ids", r"index\.npz: cannot read the index: .*ids\.npy"),      # a flipped byte: its CRC, named
+    ("locs", r"index\.npz: cannot read the index: .*locs\.npy"),
+    ("truncated", r"index\.npz: cannot read the index"),            # the file cut short
+    ("unsorted", r"index\.npz: the index lists a row twice \(or its ids are not ascending\)"),
+    ("unlisted", r"index\.npz: refers to segments it does not list")])
+def test_a_damaged_dense_index_is_refused_by_name(tmp_path, monkeypatch, damage, match):
+    from kvstore_lazy.store.disk import commit as disk_commit
+    monkeypatch.setattr(disk_commit, "DENSE_CHUNK", 100)       # the damage found in a later piece too
+    store, _ = dense_store(tmp_path / "s")
+    store.close()
+    index = tmp_path / "s" / "index.npz"
+    if damage in ("ids", "locs"):
+        start, size = member_data(index, damage)
+        data = bytearray(index.read_bytes())
+        data[start + size - 5] ^= 0xFF
+        index.write_bytes(bytes(data))
+    elif damage == "truncated":
+        index.write_bytes(index.read_bytes()[:-100])
+    else:
+        with np.load(index) as z:
+            arrays = {name: z[name] for name in z.files}
+        if damage == "unsorted":
+            arrays["ids"][[500, 501]] = arrays["ids"][[501, 500]]
+        else:
+            arrays["locs"][700] = np.uint32(999) << np.uint32(disk_commit_shift(tmp_path / "s"))
+        np.savez(index, **arrays)
+    with pytest.raises(SegmentError, match=match):
+        SegmentStore.open(tmp_path / "s")
+
+
+def disk_commit_shift(path: Path) -> int:
+    store = SegmentStore.open(path)
+    shift = store._shift
+    store.close()
+    return shift

@@ -2,7 +2,8 @@
 
 Owns: ``store.json`` written once and read back (:func:`write_layout`, :func:`read_layout`), :func:`commit` (into
 the store's own directory, or into another one for a server snapshot) and :func:`load_index` with the checks of a
-committed store (every segment it lists there and of full size, every location in a listed segment, no row twice).
+committed store (every segment it lists there and of full size, every location in a listed segment, no row twice;
+a dense index's ids and locations read a piece at a time into the index, never whole).
 Does not own: the file names and the atomic replacement (:mod:`.files`) or the records' checks (:mod:`.verify`).
 
 The index file is the commit point: :func:`commit` fsyncs the segments written since the last commit, then writes
@@ -20,6 +21,7 @@ never wrong values (and the live directory is never what a restart recovers from
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +33,10 @@ from kvstore_lazy.store.disk.index import EMPTY, LiveBits, RunIndex
 from kvstore_lazy.store.disk.layout import FORMAT
 from kvstore_lazy.store.disk.runfile import RUN_GLOB, TEMP_SUFFIX
 from kvstore_lazy.store.disk.state import StoreState
-from kvstore_lazy.store.npz import savez
+from kvstore_lazy.store.npz import Member, savez
 
 CONVERT_CHUNK = 1 << 16         # ids of an old hash index put into the runs at a time
+DENSE_CHUNK = 1 << 15           # entries of a dense index's commit read at a time (12 bytes each)
 
 
 def write_layout(store: StoreState) -> None:
@@ -55,14 +58,17 @@ def load_index(store: StoreState, verify: bool) -> None:
     the hash index of earlier versions: every id and location, no manifest) converted into runs."""
     where = store.path / INDEX_FILE
     try:
-        with np.load(where, allow_pickle=False) as z:
+        with open(where, "rb") as handle, np.load(handle, allow_pickle=False) as z:   # (our handle: np.load leaks
+            # its own when the zip is unreadable)
             meta = json.loads(bytes(z["meta"]).decode())
             kind = meta.get("index", {}).get("kind", "ids")
             if kind == "runs":
                 ids, locs, bits = np.zeros(0, np.uint64), np.zeros(0, np.uint32), z["live"]
+            elif kind == "dense":               # read in pieces by _load_dense
+                ids, locs, bits = None, None, None
             else:
                 ids, locs, bits = z["ids"].astype(np.uint64), z["locs"].astype(np.uint32), None
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise SegmentError(f"{where}: cannot read the index: {exc}") from None
     store._next_number = int(meta["next_number"])
     segments = {int(slot): (str(name), int(fill)) for slot, name, fill in meta["segments"]}
@@ -82,14 +88,54 @@ def load_index(store: StoreState, verify: bool) -> None:
             file.unlink()
     if kind == "runs":
         _load_runs(store, meta["index"], bits, sorted(segments))
+    elif kind == "dense":
+        _load_dense(store, list(segments))
     else:
         _load_ids(store, ids, locs, list(segments))
     if verify:
         store.verify()
 
 
+def _load_dense(store: StoreState, listed: list[int]) -> None:
+    """A dense index's commit: its ids (ascending, as ``DenseIndex.items`` wrote them) and their locations read
+    DENSE_CHUNK at a time straight into the index (never either whole: 12 bytes a stored row, and a sort's more),
+    each piece checked: ids ascending and unique across pieces, every location in a listed segment, every id in
+    the store's rows, both members whole (their zip CRCs)."""
+    where = store.path / INDEX_FILE
+    assert store.rows is not None, "a dense index's commit of a store without a dense row range"
+    store._index = disk_index.new_index(store.rows, store.path, store.memtable_entries)
+    known = np.zeros(len(store._live), bool)
+    known[listed] = True
+    last = -1
+    try:
+        with Member(where, "ids") as ids, Member(where, "locs") as locs:
+            if len(ids.shape) != 1 or ids.shape != locs.shape or ids.dtype.kind not in "iu" or \
+                    locs.dtype.kind not in "iu":
+                raise SegmentError(f"{where}: ids {ids.shape} {ids.dtype} and locations {locs.shape} {locs.dtype} "
+                                   f"of a dense index do not pair")
+            empty = np.full(DENSE_CHUNK, EMPTY, np.uint32)
+            loc_pieces = locs.pieces(DENSE_CHUNK)
+            for part in ids.pieces(DENSE_CHUNK):
+                part, at = part.astype(np.uint64, copy=False), next(loc_pieces).astype(np.uint32, copy=False)
+                if (len(part) > 1 and not (part[1:] > part[:-1]).all()) or int(part[0]) <= last:
+                    raise SegmentError(f"{where}: the index lists a row twice (or its ids are not ascending)")
+                slots = (at >> np.uint32(store._shift)).astype(np.int64)
+                if int(slots.max()) >= len(known) or not known[slots].all():
+                    raise SegmentError(f"{where}: refers to segments it does not list")
+                store._live += np.bincount(slots, minlength=len(store._live))
+                store._index.set(part, at, old=empty[:len(part)])
+                last = int(part[-1])
+            for _ in loc_pieces:            # (none left: its end, where its CRC is checked)
+                pass
+    except SegmentError:
+        raise
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise SegmentError(f"{where}: cannot read the index: {exc}") from None
+    store._ensure_bits()
+
+
 def _load_ids(store: StoreState, ids: np.ndarray, locs: np.ndarray, listed: list[int]) -> None:
-    """Every id and its location (a dense index's commit, or an old store's hash index: converted into runs)."""
+    """Every id and its location, read whole (the hash index of earlier versions: converted into runs)."""
     where = store.path / INDEX_FILE
     if store.rows is None:                  # the old hash index: runs made from it, committed at the next commit
         for file in list(store.path.glob(RUN_GLOB)) + list(store.path.glob(RUN_GLOB + TEMP_SUFFIX)):
