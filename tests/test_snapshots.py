@@ -208,7 +208,7 @@ def test_a_snapshot_streamed_in_pieces_writes_the_same_files_as_one_copied_whole
 
 def test_a_restore_reading_the_rows_in_pieces_equals_one_reading_them_whole(tmp_path, run, monkeypatch):
     """A server restores a key's rows a piece at a time from the base's file and the deltas' (persist.members),
-    merged by id as they come (MergedPieces), the table built piece by piece (RowTable.load): the same server as
+    merged by id as they come (FoldedRows), the table built piece by piece (RowTable.load): the same server as
     from the files read whole, with many short pieces."""
     from kvstore_lazy.persist import members
     from kvstore_lazy.store import rows as rows_module
@@ -218,7 +218,7 @@ def test_a_restore_reading_the_rows_in_pieces_equals_one_reading_them_whole(tmp_
     assert chain.state["seq"] > 0                       # a base and deltas to fold
     whole = snapshots.load_snapshot(tmp_path, 0)
     cut = snapshots.load_snapshot(tmp_path, 0, pieces=True)
-    assert isinstance(cut.tables[KEY]["weights"], members.MergedPieces)
+    assert isinstance(cut.tables[KEY]["weights"], members.FoldedColumn)
     sources = cut.tables[KEY]["weights"].sources        # the base and every delta after it: all read in pieces
     assert len(sources) == chain.state["seq"] + 1 and all(isinstance(s, members.MemberPieces) for s in sources)
     servers = []
@@ -254,20 +254,3 @@ def test_a_damaged_row_read_in_pieces_is_refused_naming_the_file(tmp_path, run):
     fresh = KVServer(0, 1, 2, lifecycle=SETTINGS)
     with pytest.raises(snapshots.SnapshotError, match=rf"key{KEY}\.npz: member 'weights' is corrupted"):
         fresh.restore(json.loads(json.dumps(cut.manifest["server"])), cut.tables)
-
-
-def test_a_restore_merges_the_kept_rows_of_a_base_and_its_deltas_as_a_sort_of_them_all(monkeypatch):
-    """_fold_all places each kept row by binary searches in the other sources (no copy of every kept id, no sort of
-    them all): the merged ids and the order are np.argsort's of the kept rows' concatenation, whatever the chunk."""
-    monkeypatch.setattr(snapshots, "MERGE_CHUNK", 37)
-    rng = np.random.default_rng(3)
-    ids = [np.unique(rng.integers(0, 5_000, n)).astype(np.uint64) for n in (3_000, 400, 250, 1)]
-    kept, gone = [], np.zeros(0, np.uint64)
-    for source in reversed(ids):              # as _fold_all: a newer source replaces an older one's rows
-        kept.append(np.flatnonzero(~np.isin(source, gone)).astype(np.int32))
-        gone = np.union1d(gone, np.concatenate([source, rng.integers(0, 5_000, 30).astype(np.uint64)]))
-    kept.reverse()
-    whole = np.concatenate([s[k] for s, k in zip(ids, kept)])
-    merged, order = snapshots._merge_kept(ids, kept, np.int32)
-    assert order.dtype == np.int32 and len(merged) == len(whole) > 2_000
-    assert np.array_equal(order, np.argsort(whole, kind="stable")) and np.array_equal(merged, np.sort(whole))

@@ -43,7 +43,8 @@ is not its predecessor manifest's (a stale delta: left by another chain, or its 
 files do not match their checksums (corrupted). A new base replaces the whole ``rank<r>`` directory atomically
 (deltas included): that is the compaction, after ``max_deltas`` deltas or once the deltas' bytes pass the base's.
 A server restoring (``load_snapshot(pieces=True)``) reads the rows of the base and of every delta a piece at a time,
-folded by id as the table is built (``_fold_all``, ``members.MergedPieces``): never a whole file's rows at once.
+their ids and tombstones too, folded by id as the table is built (``_fold_all``, ``members.FoldedRows``: a k-way
+merge of the sorted ids): never a whole file's rows or ids at once (only the pending ids are read whole).
 """
 from __future__ import annotations
 
@@ -212,18 +213,22 @@ def read_snapshot_key(directory: str | os.PathLike, rank: int, key: int, expecte
 
 
 def _read_key(path: Path, expected: dict, pieces: bool = False) -> dict:
-    """One key file's arrays; with `pieces` (a row_sparse key) its per-row members (weights, states, columns) as
-    ``members.MemberPieces``, read a piece at a time (and checked) when the table is built from them."""
+    """One key file's arrays; with `pieces` (a row_sparse key) its per-row members (weights, states, columns) and
+    its ids (``row_ids``, ``dead_ids``) as ``members.MemberPieces``, read a piece at a time (and checked) when the
+    table is built from them; the pending ids (and their tombstones) are read whole. Id arrays must be 1-D arrays of
+    integer ids (read whole: sorted and unique too; in pieces, that is checked as they are read), every per-row
+    member as long as its ids."""
     per_row = ["weights"] + [f"state{i}" for i in range(expected.get("num_states", 0))]
     per_row += [name for name in expected.get("arrays", []) if name.startswith("col_")]
     lazy = {}
     try:
         if pieces and expected.get("kind") == "row_sparse":
-            lazy = members.open_members(path, per_row)
+            ids = ["row_ids"] + [name for name in expected.get("arrays", []) if name == "dead_ids"]
+            lazy = members.open_members(path, per_row + ids)
         with np.load(path, allow_pickle=False) as data:
             def get(name: str):
                 return lazy[name] if name in lazy else data[name]
-            row_ids = data["row_ids"]
+            row_ids = get("row_ids")
             weights = get("weights")
             states = [get(f"state{i}") for i in range(expected.get("num_states", 0))]
             arrays = {name: get(name) for name in expected.get("arrays", [])}
@@ -234,7 +239,28 @@ def _read_key(path: Path, expected: dict, pieces: bool = False) -> dict:
                             f"{expected['rows']}")
     if any(s.shape != weights.shape for s in states):
         raise SnapshotError(f"{path}: optimizer state shapes differ from the weights")
+    _check_members(path, row_ids, arrays)
     return {"row_ids": row_ids, "weights": weights, "states": states, "arrays": arrays}
+
+
+def _check_members(path: Path, row_ids, arrays: dict) -> None:
+    """The ids of a key file (1-D integer arrays; read whole, sorted and unique) and its per-row arrays (as many
+    rows as their group's ids)."""
+    groups = {"row_ids": row_ids, "pending_ids": arrays.get("pending_ids")}
+    for name in ("row_ids", "dead_ids", "pending_ids", "pending_dead"):
+        ids = row_ids if name == "row_ids" else arrays.get(name)
+        if ids is None:
+            continue
+        members.check_ids(ids, f"{path}: member {name!r}")
+        if isinstance(ids, np.ndarray) and len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+            raise SnapshotError(f"{path}: member {name!r}: the ids are not sorted and unique")
+    for name, values in arrays.items():
+        group = "row_ids" if name.startswith("col_") else "pending_ids" if name in ("pending_count", "pending_last") \
+            else None
+        ids = groups.get(group) if group else None
+        if ids is not None and (not values.shape or values.shape[0] != len(ids)):
+            raise SnapshotError(f"{path}: member {name!r} of shape {values.shape} is not one row per id of "
+                                f"{group!r} ({len(ids)})")
 
 
 def read_tags(directory: str | os.PathLike) -> dict[int, object]:
@@ -481,16 +507,17 @@ def _fold(older: dict, newer: dict, base: bool = False) -> dict:
     return out
 
 
-def _merged(old, keep: np.ndarray, new: np.ndarray, order: np.ndarray):
-    """``concatenate([old[keep], new])[order]``; of a member read in pieces, the same in pieces."""
-    return members.merged([old, new], [np.flatnonzero(keep), np.arange(len(new))], order)
+def _merged(old, keep: np.ndarray, new: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``concatenate([old[keep], new])[order]`` (arrays read whole: a fold without pieces)."""
+    return np.concatenate([np.asarray(old)[keep], np.asarray(new)])[order]
 
 
 def _fold_all(parts: list[dict]) -> dict:
     """``parts[0]`` (the key whole: a base, or a delta that wrote it whole) and the deltas after it, in order,
-    folded at once into one full table: of each row its newest version, without those a later delta removed. A
-    per-row member read in pieces stays in pieces (``members.MergedPieces``: each source read once, in order), so
-    a restore never holds the rows of the base or of a delta beside the table it builds."""
+    folded at once into one full table: of each row its newest version, without those a later delta removed
+    (``members.FoldedRows``: a k-way merge of their sorted ids, in pieces; each per-row member a
+    ``members.FoldedColumn``, each source's read once, in order), so a restore never holds the rows of the base or
+    of a delta, nor their ids, beside the table it builds. The pending ids (read whole) are folded whole."""
     out = {"meta": parts[-1]["meta"], "arrays": {}}
     for ids_name, dead_name, prefix in _GROUPS:
         groups = [g for g in (_group(p, ids_name, dead_name, prefix) for p in parts) if g["ids"] is not None]
@@ -499,47 +526,15 @@ def _fold_all(parts: list[dict]) -> dict:
         if any(set(g["cols"]) != set(groups[-1]["cols"]) for g in groups):
             raise SnapshotError(f"key {parts[-1]['meta'].get('kind')}: arrays {sorted(groups[-1]['cols'])} of a "
                                 f"delta differ from a predecessor's")
-        kept: list[np.ndarray] = []
-        gone = np.zeros(0, np.uint64)                 # ids a newer source replaced or removed
-        index = np.int32 if sum(len(g["ids"]) for g in groups) < 2 ** 31 else np.int64   # (4 B a row, not 8)
-        for at, group in enumerate(reversed(groups)):
-            ids = np.asarray(group["ids"], np.uint64)
-            kept.append(np.flatnonzero(~_members(ids, gone)).astype(index))
-            if at < len(groups) - 1:
-                gone = np.union1d(gone, np.concatenate([ids, np.asarray(group["dead"], np.uint64)]))
-        kept.reverse()
-        ids, order = _merge_kept([np.asarray(g["ids"], np.uint64) for g in groups], kept, index)
-        cols = {n: members.merged([g["cols"][n] for g in groups], kept, order) for n in groups[-1]["cols"]}
+        folded = members.FoldedRows([g["ids"] for g in groups], [g["dead"] for g in groups])
+        ids: Any = folded
+        cols: dict = {n: folded.column([g["cols"][n] for g in groups]) for n in groups[-1]["cols"]}
+        if ids_name != "row_ids":           # the pending ids: arrays (as the policy restores them)
+            ids, cols = np.asarray(folded), {n: np.asarray(c) for n, c in cols.items()}
         _put_group(out, ids_name, dead_name, {"ids": ids, "cols": cols, "dead": None})
     if "row_ids" not in out:
         raise SnapshotError("a delta without rows")
     return out
-
-
-MERGE_CHUNK = 1 << 20     # rows of a source _merge_kept places at once
-
-
-def _merge_kept(ids: list[np.ndarray], kept: list[np.ndarray], index) -> tuple[np.ndarray, np.ndarray]:
-    """The ids ``ids[s][kept[s]]`` of every source merged ascending, and ``order``: where each comes from in the
-    concatenation of the kept rows (``np.argsort`` of it). Each source's ids are sorted and the kept ones of two
-    sources never equal (a newer source's replace an older's), so a row's place is its place among its source's
-    kept rows plus, in every other source, the count of kept ids below it (two binary searches): placed a chunk at
-    a time, nothing but the answer is of the size of the rows (no copy of the kept ids, no sort of them all)."""
-    total = sum(len(k) for k in kept)
-    out, order = np.empty(total, np.uint64), np.empty(total, index)
-    start = 0
-    for s, (mine, keep) in enumerate(zip(ids, kept)):
-        for lo in range(0, len(keep), MERGE_CHUNK):
-            at = np.arange(lo, min(lo + MERGE_CHUNK, len(keep)), dtype=np.int64)
-            x = mine[keep[at]]
-            place = at.copy()
-            for other, (theirs, their_keep) in enumerate(zip(ids, kept)):
-                if other != s:
-                    place += np.searchsorted(their_keep, np.searchsorted(theirs, x))
-            out[place] = x
-            order[place] = at + start
-        start += len(keep)
-    return out, order
 
 
 def _members(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -114,20 +114,26 @@ class Cursor:
                 raise ValueError("rows given in pieces beyond the rows they were said to hold")
 
 
-def fill(table, ids: np.ndarray, arrays: list, num_states: int, columns: list[str], dtype, chunk: int) -> None:
-    """Rows `ids` (sorted, none in ``table``: a new ``RowTable``) into ``table``, ``chunk`` at a time, from `arrays`
-    (weights, `num_states` states, then the `columns` named; arrays or in pieces), so slot ``i`` is row ``i``."""
-    cursors = [Cursor(a) for a in arrays]
+def fill(table, ids, arrays: list, num_states: int, columns: list[str], dtype, chunk: int) -> None:
+    """Rows `ids` (sorted and unique, checked here a chunk at a time: else ValueError; none in ``table``: a new
+    ``RowTable``; an array or in pieces) into ``table``, ``chunk`` at a time, from `arrays` (weights, `num_states`
+    states, then the `columns` named; arrays or in pieces), so slot ``i`` is row ``i``."""
+    id_cursor, cursors = Cursor(ids), [Cursor(a) for a in arrays]
+    last = None
     for lo in range(0, len(ids), chunk):
         k = min(len(ids) - lo, chunk)
+        part = np.asarray(id_cursor.take(k)).astype(np.uint64, copy=False)
+        if (k > 1 and not (part[1:] > part[:-1]).all()) or (last is not None and part[0] <= last):
+            raise ValueError("row ids to load are not sorted and unique")
+        last = part[-1]
         parts = [c.take(k) for c in cursors]
-        slots = table.ensure(ids[lo:lo + k], functools.partial(_given, parts[0].astype(dtype, copy=False)))
+        slots = table.ensure(part, functools.partial(_given, parts[0].astype(dtype, copy=False)))
         if num_states:
             table.set_states(slots, parts[1:1 + num_states])
         for name, values in zip(columns, parts[1 + num_states:]):
             if name in table._columns:
                 table._columns[name].array[lo:lo + k] = values
-    for cursor in cursors:
+    for cursor in [id_cursor, *cursors]:
         cursor.close()
 
 

@@ -464,17 +464,18 @@ class RowTable:
     def load(cls, rows: dict, dtype=None, columns: dict | None = None, track_changes: bool = False,
              buckets: int | None = None, lean_rehash: bool = False) -> "RowTable":
         """A table holding exactly ``rows`` (as :meth:`export` gives them; columns not given start zero) with
-        ``columns`` (``{name: dtype}``, default those of ``rows``), ``buckets`` buckets if given."""
+        ``columns`` (``{name: dtype}``, default those of ``rows``), ``buckets`` buckets if given. Any of the arrays,
+        the ids included, may come in pieces (anything with ``len`` and ``pieces()``); the ids must be sorted and
+        unique (checked a piece at a time: ValueError)."""
         weights = rows["weights"]
         if not hasattr(weights, "pieces"):
             weights = np.asarray(weights)
         dtype = weights.dtype if dtype is None else np.dtype(dtype)
         given = rows.get("columns", {})
         columns = {name: values.dtype for name, values in given.items()} if columns is None else columns
-        ids = as_row_ids(rows["row_ids"])
+        ids = rows["row_ids"]           # an array, or in pieces (a snapshot's, folded by id): never whole here
+        ids = ids if hasattr(ids, "pieces") else as_row_ids(ids)
         n = len(ids)
-        if n > 1 and not (ids[1:] > ids[:-1]).all():
-            raise ValueError("row ids to load are not sorted and unique")
         table = cls(weights.shape[1], dtype, num_states=len(rows["states"]), columns=columns,
                     initial_capacity=max(n, 1) if buckets is None else max(n, buckets // 2),
                     track_changes=track_changes, buckets=buckets, lean_rehash=lean_rehash)
