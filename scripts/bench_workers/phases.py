@@ -144,13 +144,13 @@ def main() -> int:
     root = Path(args.dir or temp.name)
     settings = Settings(memory_budget=budget, disk_dir=str(root / "disk"), track_changes=True)   # (snapshots on)
     server, workers, handle = start("sgd", lifecycle=settings, materialize=args.materialize)
-    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.input_dim, args.dim), "float32",
-                                                               '["uniform", {"scale": 0.07}]', 1)))
-    handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
     libc = ctypes.CDLL(None)
     gc.collect()
     libc.malloc_trim(0)
-    base = tiered.rss()
+    base = tiered.rss()         # before the key: its declaration and init count (a dense disk index is made there)
+    handle(workers[0].command(mx.LAZY_DECLARE, lazy_spec_body(KEY, (args.input_dim, args.dim), "float32",
+                                                               '["uniform", {"scale": 0.07}]', 1)))
+    handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
     if args.rss_trace:
         tiered.TRACED.extend(TRACED)
     trace = tiered.HwmTrace() if args.rss_trace else None
