@@ -11,7 +11,7 @@ ids, sorted and unique in each source.
 Does not own: the snapshot format and its other checks (``persist.snapshots``), the table they go into
 (``store.rows.RowTable.load``, which takes anything with ``pieces()``, its ids included).
 
-Why reading in place works: ``np.savez`` (and ``snapshots.savez``) stores each member uncompressed (ZIP_STORED) as
+Why reading in place works: ``np.savez`` (and ``store.npz.savez``) stores each member uncompressed (ZIP_STORED) as
 an ``.npy`` file, so its rows lie at a fixed offset: the zip local header (30 bytes, its name, its extra field), the
 npy header, then the rows in C order (as ``persist.ranged`` reads a row range).
 """
