@@ -166,7 +166,7 @@ def test_a_rewritten_predecessor_is_refused(chain_on_disk):
 
 
 def test_a_snapshot_streamed_in_pieces_writes_the_same_files_as_one_copied_whole(tmp_path, monkeypatch):
-    """The writer gathers each key's rows sorted by id a few at a time (RowTable.export_pieces, snapshots.savez)
+    """The writer gathers each key's rows sorted by id a few at a time (RowTable.export_pieces, store.npz.savez)
     instead of a sorted copy of the table: every member of every key file is byte for byte what np.savez wrote of
     the copy, for bases and deltas, and the loads are equal."""
     import zipfile
