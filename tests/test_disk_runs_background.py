@@ -128,9 +128,9 @@ def test_a_merge_hands_over_its_run_files_as_it_goes(tmp_path, monkeypatch):
     index.flush()
     assert index.stats()["groups"] >= 10 and max(index.stats()["run_entries"]) <= 300
     monkeypatch.undo()
-    index._start_merge(0)                                   # everything, tombstones dropped
-    job = index._merge
-    with index._work.cond:
+    with index._work.cond:          # (held from the submit on: the background thread never takes a step of it)
+        index._start_merge(0)                               # everything, tombstones dropped
+        job = index._merge
         index._work._todo.remove(job)                       # (not for the background thread: stepped here)
     inputs = [run for group in job.inputs for run in group.runs]
     handed = 0
@@ -333,9 +333,9 @@ def test_a_removed_id_stays_removed_after_a_merge_fails_and_the_next_one_starts(
     assert idx.lookup([300]).tolist() == [EMPTY]
 
     def merge_steps():
-        idx._start_merge(0)
-        job = idx._merge
-        with idx._work.cond:
+        with idx._work.cond:        # (held from the submit on: the background thread never takes a step of it)
+            idx._start_merge(0)
+            job = idx._merge
             idx._work._todo.remove(job)
         return job, idx._work._merge_steps(job)
 
