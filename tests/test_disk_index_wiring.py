@@ -55,6 +55,64 @@ def test_a_store_indexes_rows_in_runs_and_reopens_as_committed(tmp_path):
     assert s["index_disk_bytes"] > 0 and s["index_runs"] >= 1 and s["index_reads_per_lookup"] > 0
 
 
+def test_the_live_bits_answer_for_locations_as_a_set_does():
+    """LiveBits.test against a set of the live locations: batches over many segments (sorted once, a segment's part
+    found by a binary search), segments never written to and past those known, offsets past a segment's bits."""
+    from kvstore_lazy.store.disk.index import LiveBits
+    rng = np.random.default_rng(5)
+    bits, live = LiveBits(64, 6), set()
+    bits.grow(40)
+    for _ in range(20):
+        locs = np.unique(rng.integers(0, 30 * 64, 300)).astype(np.uint32)
+        gone = np.unique(rng.choice(np.fromiter(live, np.uint32, len(live)), min(len(live), 100), replace=False)
+                         if live else np.zeros(0, np.uint32)).astype(np.uint32)
+        bits.set(locs)
+        bits.clear(gone)
+        live = (live | set(locs.tolist())) - set(gone.tolist())
+        query = rng.integers(0, 45 * 64, 2000).astype(np.uint32)      # slots 30-39 empty, 40-44 unknown
+        np.testing.assert_array_equal(bits.test(query), np.isin(query, list(live)))
+    assert not bits.test(np.zeros(0, np.uint32)).size
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("moved", r"index\.npz: the index and the live records it lists disagree"),
+    ("fill", r"index\.npz: refers to segments it does not list, or past their fill")])
+def test_a_store_whose_live_bits_or_fills_disagree_with_its_runs_is_refused(tmp_path, monkeypatch, damage, match):
+    """A committed store of hashed ids over many segments, its index.npz rewritten with a live bit moved from a
+    listed record to a dead one (the counts still agree) or a segment's fill cut below a listed record: open with
+    verify refuses it by name, the check a batch at a time (smaller than the store here, so a later batch finds it)."""
+    from kvstore_lazy.store.disk import verify as disk_verify
+    monkeypatch.setattr(disk_verify, "VERIFY_BATCH", 97)
+    monkeypatch.setattr(disk_verify, "LIVE_BATCH", 300)
+    store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=100)
+    ids = hashed(3000, seed=4)
+    store.put(ids, payload(ids))
+    store.delete(ids[::4])
+    store.commit()
+    victim = ids[np.argsort(ids)][-5]                       # near the end of the index's order: a late batch
+    loc = int(store._index.lookup(np.array([victim], np.uint64))[0])
+    slot, offset = loc >> store._shift, loc & (64 - 1)
+    store.close()
+    SegmentStore.open(tmp_path / "s")                       # as committed: it opens
+    index = tmp_path / "s" / "index.npz"
+    with np.load(index) as z:
+        arrays = {name: z[name].copy() for name in z.files}
+    meta = json.loads(bytes(arrays["meta"]).decode())
+    row = [s for s, _, _ in meta["segments"]].index(slot)
+    if damage == "moved":
+        bits = np.unpackbits(arrays["live"][row], bitorder="little")
+        dead = np.flatnonzero(bits[:64] == 0)
+        assert len(dead), "the victim's segment holds a dead record (a quarter of the rows were deleted)"
+        bits[offset], bits[dead[0]] = 0, 1
+        arrays["live"][row] = np.packbits(bits, bitorder="little")
+    else:
+        meta["segments"][row][2] = offset
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(index, **arrays)
+    with pytest.raises(SegmentError, match=match):
+        SegmentStore.open(tmp_path / "s")
+
+
 CRASH = """
 import os, sys
 import numpy as np

@@ -213,15 +213,22 @@ class LiveBits:
             self._apply(locs, False)
 
     def test(self, locs: np.ndarray) -> np.ndarray:
+        """Whether each of ``locs`` is live (False past the segments known). Sorted once, each segment's part found
+        by a binary search of its first location: the work is the batch's sort and a step a segment it touches,
+        not a pass over the batch a segment (a restore's verify of 300M rows over 4,600 segments)."""
         locs = np.asarray(locs, np.uint32)
-        slots = (locs >> np.uint32(self.shift)).astype(np.int64)
-        offsets = (locs & np.uint32(self.segment_rows - 1)).astype(np.int64)
+        order = np.argsort(locs, kind="stable")
+        at = locs[order].astype(np.uint64)
+        edges = np.searchsorted(at, np.arange(len(self.bits) + 1, dtype=np.uint64) << np.uint64(self.shift))
         out = np.zeros(len(locs), bool)
-        for slot in np.unique(slots):
-            at = np.flatnonzero(slots == slot)
-            mine, part = self.bits[int(slot)] if slot < len(self.bits) else np.zeros(0, np.uint8), offsets[at]
-            inside = (part >> 3) < len(mine)
-            out[at[inside]] = (mine[part[inside] >> 3] >> (part[inside] & 7).astype(np.uint8)) & 1 != 0
+        for slot in np.flatnonzero(edges[1:] > edges[:-1]).tolist():
+            lo, hi = int(edges[slot]), int(edges[slot + 1])
+            mine, part = self.bits[slot], at[lo:hi] & np.uint64(self.segment_rows - 1)
+            byte = (part >> np.uint64(3)).astype(np.int64)
+            inside = byte < len(mine)
+            got = np.zeros(hi - lo, bool)
+            got[inside] = (mine[byte[inside]] >> (part[inside] & np.uint64(7)).astype(np.uint8)) & 1 != 0
+            out[order[lo:hi]] = got
         return out
 
     def offsets(self, slot: int) -> np.ndarray:

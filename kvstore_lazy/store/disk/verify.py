@@ -21,6 +21,8 @@ from kvstore_lazy.store.disk.files import INDEX_FILE
 from kvstore_lazy.store.disk.state import StoreState
 
 VERIFY_BATCH = 1 << 14          # records read and checked at a time (~5 MB at D=32: a restore's transient)
+LIVE_BATCH = 1 << 18            # locations tested against the live bits at a time (~6 MB of sort temporaries):
+                                # a test takes a step a segment it touches, and a batch of hashed ids touches all
 
 
 def verify(store: StoreState) -> None:
@@ -28,19 +30,31 @@ def verify(store: StoreState) -> None:
     against the store: every location in a segment it lists, within its fill, marked live (a store with live
     bits), as many rows as live records."""
     rows = 0
+    fill = np.full(max(store._fill, default=-1) + 1, -1, np.int64)      # segment slot -> records written
+    for slot, written in store._fill.items():
+        fill[slot] = written
+    held: list[np.ndarray] = []
     for ids, locs in store._index.items(VERIFY_BATCH):
         slots = (locs >> np.uint32(store._shift)).astype(np.int64)
         offsets = (locs & np.uint32(store.segment_rows - 1)).astype(np.int64)
-        fill = np.array([store._fill.get(int(s), -1) for s in range(int(slots.max()) + 1)], np.int64)
-        if (offsets >= fill[slots]).any():
+        if len(slots) and (int(slots.max()) >= len(fill) or (offsets >= fill[slots]).any()):
             raise SegmentError(f"{store.path / INDEX_FILE}: refers to segments it does not list, or past their fill")
-        if store._bits is not None and not store._bits.test(locs).all():
-            raise SegmentError(f"{store.path / INDEX_FILE}: the index and the live records it lists disagree")
+        if store._bits is not None:
+            held.append(locs)
+            if sum(map(len, held)) >= LIVE_BATCH:
+                _check_live(store, held)
+                held = []
         rows += len(ids)
         store._read_ordered(ids, locs)      # (checked in file order; not reordered: nothing keeps them)
+    _check_live(store, held)
     if rows != len(store) or rows != int(store._live.sum()):
         raise SegmentError(f"{store.path / INDEX_FILE}: {rows} rows indexed, {len(store)} counted, "
                            f"{int(store._live.sum())} live records")
+
+
+def _check_live(store: StoreState, held: list[np.ndarray]) -> None:
+    if held and store._bits is not None and not store._bits.test(np.concatenate(held)).all():
+        raise SegmentError(f"{store.path / INDEX_FILE}: the index and the live records it lists disagree")
 
 
 def refuse(file: Path, bad_offsets: np.ndarray) -> NoReturn:
