@@ -76,11 +76,15 @@ def test_the_live_bits_answer_for_locations_as_a_set_does():
 
 @pytest.mark.parametrize("damage,match", [
     ("moved", r"index\.npz: the index and the live records it lists disagree"),
-    ("fill", r"index\.npz: refers to segments it does not list, or past their fill")])
+    ("fill", r"index\.npz: refers to segments it does not list, or past their fill"),
+    ("resealed", r"index\.npz: the index and the live records it lists disagree \(an id's location does not hold"),
+    ("flipped", r"seg-\d+\.dat is damaged: record \d+ ")])
 def test_a_store_whose_live_bits_or_fills_disagree_with_its_runs_is_refused(tmp_path, monkeypatch, damage, match):
     """A committed store of hashed ids over many segments, its index.npz rewritten with a live bit moved from a
-    listed record to a dead one (the counts still agree) or a segment's fill cut below a listed record: open with
-    verify refuses it by name, the check a batch at a time (smaller than the store here, so a later batch finds it)."""
+    listed record to a dead one (the counts still agree) or a segment's fill cut below a listed record, or a live
+    record given another id and sealed again (its check word right: only the index says it is wrong), or a byte of
+    it flipped: open with verify refuses it by name, the checks a batch at a time (smaller than the store here, so
+    a later batch finds it)."""
     from kvstore_lazy.store.disk import verify as disk_verify
     monkeypatch.setattr(disk_verify, "VERIFY_BATCH", 97)
     monkeypatch.setattr(disk_verify, "LIVE_BATCH", 300)
@@ -99,7 +103,22 @@ def test_a_store_whose_live_bits_or_fills_disagree_with_its_runs_is_refused(tmp_
         arrays = {name: z[name].copy() for name in z.files}
     meta = json.loads(bytes(arrays["meta"]).decode())
     row = [s for s, _, _ in meta["segments"]].index(slot)
-    if damage == "moved":
+    if damage in ("resealed", "flipped"):
+        from kvstore_lazy.store.disk.layout import RecordLayout
+        layout = RecordLayout(PAYLOAD, 64)
+        segment = tmp_path / "s" / meta["segments"][row][1]
+        with open(segment, "r+b") as f:
+            f.seek(offset * layout.record_bytes)
+            record = np.frombuffer(f.read(layout.record_bytes), layout.record_dtype).copy()
+            assert record["id"][0] == victim
+            if damage == "resealed":
+                record["id"] = victim ^ np.uint64(1 << 41)          # an id no row has
+                layout.seal(record, np.array([loc], np.uint32))
+            else:
+                record.view(np.uint8)[20] ^= 0x10
+            f.seek(offset * layout.record_bytes)
+            f.write(record.tobytes())
+    elif damage == "moved":
         bits = np.unpackbits(arrays["live"][row], bitorder="little")
         dead = np.flatnonzero(bits[:64] == 0)
         assert len(dead), "the victim's segment holds a dead record (a quarter of the rows were deleted)"
@@ -108,7 +127,8 @@ def test_a_store_whose_live_bits_or_fills_disagree_with_its_runs_is_refused(tmp_
     else:
         meta["segments"][row][2] = offset
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    np.savez(index, **arrays)
+    if damage in ("moved", "fill"):
+        np.savez(index, **arrays)
     with pytest.raises(SegmentError, match=match):
         SegmentStore.open(tmp_path / "s")
 

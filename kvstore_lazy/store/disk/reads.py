@@ -156,21 +156,23 @@ class Reads:
 
         return wait
 
-    def segment(self, slot: int, count: int) -> np.ndarray:
-        """The first ``count`` records of a segment (all written), in one read (straight into the array returned)."""
+    def segment(self, slot: int, count: int, first: int = 0) -> np.ndarray:
+        """``count`` records of a segment (all written) from record ``first`` on, in one read (straight into the
+        array returned)."""
         out = np.empty(count, self.layout.record_dtype)
         file = self.path / self._names[slot]
-        data, got = out.view(np.uint8), 0
+        data, got, at = out.view(np.uint8), 0, first * self.layout.record_bytes
         try:
             while got < len(data):
-                n = os.preadv(self.fd(slot), [data[got:].data], got)
+                n = os.preadv(self.fd(slot), [data[got:].data], at + got)
                 if n <= 0:
                     break
                 got += n
         except OSError as exc:
             raise DiskError(exc.errno, f"disk tier {self.path}: reading {file.name} failed: {exc}") from exc
         if got != out.nbytes:
-            raise SegmentError(f"segment {file} is damaged: it ends before record {got // self.layout.record_bytes}")
+            raise SegmentError(f"segment {file} is damaged: it ends before record "
+                               f"{first + got // self.layout.record_bytes}")
         return out
 
 
