@@ -163,7 +163,7 @@ bench-quick: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --quick
 
 # Opt-in, not part of `make bench`: issue 29's scale run (scripts/bench.py, scenario disk-scale): 300M rows of a
-# (2^40, 8) key under a 1 GiB budget by default, hours and ~25 GB of disk under bench-results/ (deleted after).
+# (2^40, 8) key under a 1 GiB budget by default, ~30 minutes and ~28 GB of disk under bench-results/ (deleted after).
 # Smaller: make bench-scale ROWS=20000000 BUDGET=1GiB
 bench-scale: venv $(BENCH_STAMP)
 	$(PY) scripts/bench.py --scenarios disk-scale $(if $(ROWS),--rows $(ROWS)) $(if $(BUDGET),--budget $(BUDGET))
