@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvstore_lazy.store.pieces import ascends_after
+
 LOAD_CHUNK = 1 << 16            # rows a piece,
 LOAD_BYTES = 2 << 20            # and at most this many bytes (16,384 rows at D=32: a restore holds about three
                                 # pieces of each member at once, the read, the rows picked, the rows merged)
@@ -195,8 +197,7 @@ class _IdStream:
             if piece is None:
                 return False
             piece = np.asarray(piece).astype(np.uint64, copy=False)
-            if len(piece) and ((len(piece) > 1 and not (piece[1:] > piece[:-1]).all()) or
-                               (self._last >= 0 and int(piece[0]) <= self._last)):
+            if not ascends_after(piece, self._last):
                 raise SnapshotError(f"{self.what}: the ids are not sorted and unique")
             if len(piece):
                 self._last = int(piece[-1])

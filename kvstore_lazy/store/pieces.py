@@ -14,6 +14,12 @@ from typing import Callable
 import numpy as np
 
 
+def ascends_after(ids: np.ndarray, last: int) -> bool:
+    """Whether ``ids`` (a piece of a stream of ids) ascend strictly and all lie above ``last``, the last id of the
+    pieces before it (-1 before the first: ids are >= 0): a stream read a piece at a time is sorted and unique."""
+    return not len(ids) or (int(ids[0]) > last and (len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())))
+
+
 class Pieces:
     """One array of a table's rows sorted by id, given piece by piece along its first axis
     (:meth:`RowTable.export_pieces`): ``shape``, ``dtype``, ``len`` and :meth:`pieces` (the array in order,
@@ -119,13 +125,13 @@ def fill(table, ids, arrays: list, num_states: int, columns: list[str], dtype, c
     ``RowTable``; an array or in pieces) into ``table``, ``chunk`` at a time, from `arrays` (weights, `num_states`
     states, then the `columns` named; arrays or in pieces), so slot ``i`` is row ``i``."""
     id_cursor, cursors = Cursor(ids), [Cursor(a) for a in arrays]
-    last = None
+    last = -1
     for lo in range(0, len(ids), chunk):
         k = min(len(ids) - lo, chunk)
         part = np.asarray(id_cursor.take(k)).astype(np.uint64, copy=False)
-        if (k > 1 and not (part[1:] > part[:-1]).all()) or (last is not None and part[0] <= last):
+        if not ascends_after(part, last):
             raise ValueError("row ids to load are not sorted and unique")
-        last = part[-1]
+        last = int(part[-1])
         parts = [c.take(k) for c in cursors]
         slots = table.ensure(part, functools.partial(_given, parts[0].astype(dtype, copy=False)))
         if num_states:

@@ -34,6 +34,7 @@ from kvstore_lazy.store.disk.layout import FORMAT
 from kvstore_lazy.store.disk.runfile import RUN_GLOB, TEMP_SUFFIX
 from kvstore_lazy.store.disk.state import StoreState
 from kvstore_lazy.store.npz import Member, savez
+from kvstore_lazy.store.pieces import ascends_after
 
 CONVERT_CHUNK = 1 << 16         # ids of an old hash index put into the runs at a time
 DENSE_CHUNK = 1 << 15           # entries of a dense index's commit read at a time (12 bytes each)
@@ -117,7 +118,7 @@ def _load_dense(store: StoreState, listed: list[int]) -> None:
             loc_pieces = locs.pieces(DENSE_CHUNK)
             for part in ids.pieces(DENSE_CHUNK):
                 part, at = part.astype(np.uint64, copy=False), next(loc_pieces).astype(np.uint32, copy=False)
-                if (len(part) > 1 and not (part[1:] > part[:-1]).all()) or int(part[0]) <= last:
+                if not ascends_after(part, last):
                     raise SegmentError(f"{where}: the index lists a row twice (or its ids are not ascending)")
                 slots = (at >> np.uint32(store._shift)).astype(np.int64)
                 if int(slots.max()) >= len(known) or not known[slots].all():

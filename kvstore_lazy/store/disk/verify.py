@@ -28,13 +28,14 @@ import numpy as np
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.files import INDEX_FILE
 from kvstore_lazy.store.disk.layout import CHECK_WORD
+from kvstore_lazy.store.disk.runfile import mix64
 from kvstore_lazy.store.disk.state import StoreState
 
 VERIFY_BATCH = 1 << 14          # records read and checked at a time (~5 MB at D=32: a restore's transient)
 LIVE_BATCH = 1 << 18            # locations tested against the live bits at a time (~6 MB of sort temporaries):
                                 # a test takes a step a segment it touches, and a batch of hashed ids touches all
 _MASK = (1 << 64) - 1
-_M1, _M2, _SALT = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+_SALT = np.uint64(0x9E3779B97F4A7C15)
 
 
 def verify(store: StoreState) -> None:
@@ -75,15 +76,10 @@ def _check_live(store: StoreState, held: list[np.ndarray]) -> None:
 
 
 def _pair_sum(ids: np.ndarray, locs: np.ndarray) -> int:
-    """The sum (mod 2^64) of a 64-bit mix of each (id, location) pair: the same for the same set of pairs in any
-    order or grouping."""
-    x = np.asarray(ids, np.uint64) ^ ((np.asarray(locs, np.uint64) + np.uint64(1)) * _SALT)
-    x ^= x >> np.uint64(30)
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return int(x.sum(dtype=np.uint64))
+    """The sum (mod 2^64) of a 64-bit mix (the bloom filters' splitmix64) of each (id, location) pair: the same for
+    the same set of pairs in any order or grouping."""
+    pairs = np.asarray(ids, np.uint64) ^ ((np.asarray(locs, np.uint64) + np.uint64(1)) * _SALT)
+    return int(mix64(pairs, 0).sum(dtype=np.uint64))
 
 
 def _live_records_sum(store: StoreState) -> int:
