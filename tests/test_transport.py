@@ -307,7 +307,12 @@ def test_pace_puts_the_io_thread_under_sched_batch_while_busy_and_back_when_idle
     v = ZmqVan()
     try:
         v.bind("127.0.0.1", 0)                   # (the first socket starts the I/O thread)
+        # libzmq's thread names itself once it runs: until then /proc shows it under the process's name
+        deadline = time.monotonic() + 10
         tids = set(zmq_van._io_threads()) - before
+        while not tids and time.monotonic() < deadline:
+            time.sleep(0.01)
+            tids = set(zmq_van._io_threads()) - before
         assert tids, "no ZMQbg/IO thread found in /proc/self/task"
         assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_OTHER}
         v.pace(True)

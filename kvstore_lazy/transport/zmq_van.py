@@ -432,7 +432,7 @@ class ZmqVan:
         batch = _batch_allowed()
         if batch is None:
             return
-        if self._io_tids is None:
+        if not self._io_tids:       # (looked for again while none is found: a new thread names itself once it runs)
             self._io_tids = _io_threads()
         for tid in self._io_tids:
             try:
