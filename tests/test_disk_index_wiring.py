@@ -56,22 +56,39 @@ def test_a_store_indexes_rows_in_runs_and_reopens_as_committed(tmp_path):
 
 
 def test_the_live_bits_answer_for_locations_as_a_set_does():
-    """LiveBits.test against a set of the live locations: batches over many segments (sorted once, a segment's part
-    found by a binary search), segments never written to and past those known, offsets past a segment's bits."""
+    """LiveBits against a set of the live locations: batches over many segments, unsorted, with repeats, set and
+    cleared by the compiled loop (a segment's bytes grown from Python where a set goes past them), tested with
+    segments never written to and past those known; each segment's committed bytes (``row``) and a copy loaded
+    from them agree; a zeroed segment is dead; a set past the segments known is refused."""
     from kvstore_lazy.store.disk.index import LiveBits
     rng = np.random.default_rng(5)
     bits, live = LiveBits(64, 6), set()
     bits.grow(40)
-    for _ in range(20):
-        locs = np.unique(rng.integers(0, 30 * 64, 300)).astype(np.uint32)
-        gone = np.unique(rng.choice(np.fromiter(live, np.uint32, len(live)), min(len(live), 100), replace=False)
-                         if live else np.zeros(0, np.uint32)).astype(np.uint32)
+    for step in range(20):
+        locs = rng.integers(0, 30 * 64, 300).astype(np.uint32)                  # (repeats, any order)
+        gone = rng.choice(np.fromiter(live, np.uint32, len(live)), min(len(live), 100)) if live else \
+            np.zeros(0, np.uint32)
         bits.set(locs)
-        bits.clear(gone)
+        bits.clear(np.concatenate([gone, rng.integers(30 * 64, 40 * 64, 20)]).astype(np.uint32))  # (past the bits)
         live = (live | set(locs.tolist())) - set(gone.tolist())
+        if step == 10:
+            bits.zero(3)
+            live = {loc for loc in live if loc >> 6 != 3}
         query = rng.integers(0, 45 * 64, 2000).astype(np.uint32)      # slots 30-39 empty, 40-44 unknown
         np.testing.assert_array_equal(bits.test(query), np.isin(query, list(live)))
+    copy = LiveBits(64, 6)
+    copy.grow(40)
+    for slot in range(40):
+        row = bits.row(slot)
+        assert set((np.flatnonzero(np.unpackbits(row, bitorder="little")) + 64 * slot).tolist()) == \
+            {loc for loc in live if loc >> 6 == slot}
+        copy.load(slot, row)
+    query = np.arange(45 * 64, dtype=np.uint32)
+    np.testing.assert_array_equal(copy.test(query), bits.test(query))
+    np.testing.assert_array_equal(copy.counts(), bits.counts())
     assert not bits.test(np.zeros(0, np.uint32)).size
+    with pytest.raises(IndexError, match="segment slot 41 of 40"):
+        bits.set(np.array([41 * 64 + 5], np.uint32))
 
 
 @pytest.mark.parametrize("damage,match", [

@@ -336,6 +336,31 @@ def test_tombstones_go_when_a_merge_includes_the_oldest_run(tmp_path):
     assert manifest["runs"][0][1] == 10
 
 
+def test_an_id_set_and_removed_between_flushes_leaves_no_entry_in_the_runs(tmp_path):
+    """An id no run holds, set and then removed before the memtable is written: no tombstone, and the memtable's
+    entry, emptied in place, is absent to lookups, to items() and to the runs the flush and the commit write (while
+    it is the frozen memtable too); set again, the id is back."""
+    index = RunIndex(tmp_path, memtable_entries=1000, block_bytes=SMALL)
+    index.set(np.arange(0, 2000, 2, dtype=np.uint64), np.arange(1000, dtype=np.uint32))
+    index.flush()                                   # runs hold the even ids below 2000
+    odd = np.arange(2001, 2400, 2, dtype=np.uint64)  # (above the runs' range: no filter can lie about them)
+    index.set(odd, np.arange(200, dtype=np.uint32) + 5000)
+    np.testing.assert_array_equal(index.remove(odd[:150]), np.arange(150) + 5000)
+    assert len(index) == 1050 and index.stats()["memtable"] == 200      # (their entries keep their places)
+    np.testing.assert_array_equal(index.lookup(odd), [EMPTY] * 150 + list(range(5150, 5200)))
+    listed = np.concatenate([ids for ids, _ in index.items(10_000)])
+    assert [int(i) for i in listed if i % 2] == list(range(2301, 2400, 2))
+    index.set(odd[:10], np.arange(10, dtype=np.uint32) + 7000)          # (an emptied entry taken again)
+    assert len(index) == 1060
+    manifest = index.commit()
+    assert sum(entries for _, entries in manifest["runs"]) == 1060      # no tombstone, no emptied entry
+    again = RunIndex.open(tmp_path, json.loads(json.dumps(manifest)), memtable_entries=1000, verify=True)
+    want = np.full(200, EMPTY, np.uint32)
+    want[:10], want[150:] = np.arange(7000, 7010), np.arange(5150, 5200)
+    np.testing.assert_array_equal(again.lookup(odd), want)
+    assert len(again) == 1060
+
+
 def test_runs_stay_few_and_each_is_much_larger_than_the_next(tmp_path):
     index, _ = build(tmp_path, 20_000, memtable=200)
     sizes = index.stats()["run_entries"]

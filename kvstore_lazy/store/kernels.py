@@ -73,13 +73,15 @@ _SIGNATURES = {
                          _ptr],
     "runs_cache_put": [_ptr, _ptr, ctypes.c_uint, _ptr, _ptr, _i64],
     "runs_merge": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
+    "live_bits_apply": [_ptr, _ptr, _i64, _ptr, _i64, ctypes.c_uint, ctypes.c_uint32, _i64],
+    "live_bits_test": [_ptr, _ptr, _i64, _ptr, _i64, ctypes.c_uint, ctypes.c_uint32, _ptr],
     "kernels_digest": [],
 }
 _RESTYPES = {"merge_rows_f32": _i64, "catchup_rows": _i64, "merge_round_f32": _i64, "merge_round_hashed_f32": _i64,
              "count_values_i32": _i64, "kernels_digest": ctypes.c_char_p, "pread_records": _i64,
              "pwrite_records": _i64, "uring_available": _i64,
              "runs_probe": _i64, "runs_merge": _i64, "runs_verify": _i64, "runs_cache_get": _i64,
-             "runs_read_search": _i64}
+             "runs_read_search": _i64, "live_bits_apply": _i64}
 
 
 class KernelLoadError(ImportError):

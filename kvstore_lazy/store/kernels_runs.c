@@ -1,10 +1,11 @@
 /* The disk index's sorted runs (store/disk/runfile.py, store/disk/runs.py): their bloom filters, the probe of a
- * batch of ids in a group of runs, the search in the blocks read for it, and the merge of sorted entries.
+ * batch of ids in a group of runs, the search in the blocks read for it, and the merge of sorted entries; and the
+ * live bits kept beside the runs (store/disk/index.py LiveBits).
  *
  * Owns: the bits of the split-block bloom filter (the same as runfile._bloom_where's numpy reference, so a file
  * written by either is read by both), finding the run and the block that may hold each id of a batch (id range,
- * filter, fences), the binary search of each id in its block, and the k-way merge of sorted (id, location) chunks
- * newest first. Does not own: the run file's format, its reads or its block checks (runfile.py, kernels_io.c,
+ * filter, fences), the binary search of each id in its block, the k-way merge of sorted (id, location) chunks
+ * newest first, and setting, clearing and testing the live bits of a batch of locations. Does not own: the run file's format, its reads or its block checks (runfile.py, kernels_io.c,
  * kernels_records.c), or which runs exist and in what order (runs.py).
  */
 #include "kernels.h"
@@ -278,4 +279,40 @@ int64_t runs_merge(int64_t k, const uint64_t *ids_at, const uint64_t *locs_at, c
     }
     free(pos);
     return m;
+}
+
+/* The live bits of a store's segments (store/disk/index.py LiveBits): segment slot s has lens[s] bytes of bits at
+ * address bits[s] (bit b of byte j: record 8j + b, little-endian bit order). A location is slot << shift | record
+ * (record = loc & offset_mask). live_bits_apply sets (on) or clears the bit of each of n locations, in any order,
+ * repeats allowed; a clear past a segment's bytes has nothing to clear. It returns -1, or the first location a set
+ * cannot take (its slot unknown, or its byte past the segment's bytes: the caller grows them and goes on from
+ * there; the locations before it are done). live_bits_test: out[i] = 1 where the bit of locs[i] is set (0 past a
+ * segment's bytes or past the slots known). */
+int64_t live_bits_apply(const uint64_t *bits, const int64_t *lens, int64_t nslots, const uint32_t *locs,
+                        int64_t n, unsigned shift, uint32_t offset_mask, int64_t on) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t slot = locs[i] >> shift;
+        uint32_t record = locs[i] & offset_mask;
+        int64_t byte = (int64_t)(record >> 3);
+        if ((int64_t)slot >= nslots || byte >= lens[slot]) {
+            if (on) return i;
+            continue;
+        }
+        uint8_t *mine = (uint8_t *)(uintptr_t)bits[slot];
+        uint8_t mask = (uint8_t)(1u << (record & 7));
+        if (on) mine[byte] |= mask;
+        else mine[byte] &= (uint8_t)~mask;
+    }
+    return -1;
+}
+
+void live_bits_test(const uint64_t *bits, const int64_t *lens, int64_t nslots, const uint32_t *locs, int64_t n,
+                    unsigned shift, uint32_t offset_mask, uint8_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t slot = locs[i] >> shift;
+        uint32_t record = locs[i] & offset_mask;
+        int64_t byte = (int64_t)(record >> 3);
+        out[i] = (int64_t)slot < nslots && byte < lens[slot]
+                 && (((const uint8_t *)(uintptr_t)bits[slot])[byte] >> (record & 7)) & 1;
+    }
 }

@@ -167,3 +167,35 @@ def runs_merge(chunks: Sequence[tuple[np.ndarray, np.ndarray]], drop_tombstones:
     if m < 0:
         raise MemoryError("runs_merge: out of memory")
     return out_ids[:m], out_locs[:m]
+
+
+def live_bits_apply(bits: np.ndarray, lens: np.ndarray, locs: np.ndarray, shift: int, on: bool) -> int:
+    """Set (``on``) or clear the live bit of each of ``locs`` (uint32 ``slot << shift | record``, any order, repeats
+    allowed) in the segments' bits: ``bits[s]`` the address of slot s's bytes (uint64), ``lens[s]`` how many (int64;
+    the caller keeps those arrays alive and at least that long). Returns -1, or for a set the index in ``locs`` of
+    the first location past its segment's bytes or slots (those before it are done)."""
+    locs = np.ascontiguousarray(locs, np.uint32)
+    _bits_checked(bits, lens, shift)
+    if not len(locs):
+        return -1
+    return int(_lib.live_bits_apply(_addr(bits), _addr(lens), len(bits), _addr(locs), len(locs), int(shift),
+                                    (1 << int(shift)) - 1, bool(on)))
+
+
+def live_bits_test(bits: np.ndarray, lens: np.ndarray, locs: np.ndarray, shift: int) -> np.ndarray:
+    """Whether the live bit of each of ``locs`` is set (False past its segment's bytes or the slots known); the
+    arrays as for :func:`live_bits_apply`."""
+    locs = np.ascontiguousarray(locs, np.uint32)
+    _bits_checked(bits, lens, shift)
+    out = np.zeros(len(locs), np.uint8)
+    if len(locs):
+        _lib.live_bits_test(_addr(bits), _addr(lens), len(bits), _addr(locs), len(locs), int(shift),
+                            (1 << int(shift)) - 1, _addr(out))
+    return out.view(bool)
+
+
+def _bits_checked(bits: np.ndarray, lens: np.ndarray, shift: int) -> None:
+    if (bits.dtype != np.uint64 or lens.dtype != np.int64 or len(bits) != len(lens) or not bits.flags.c_contiguous
+            or not lens.flags.c_contiguous or not 0 < shift < 32):
+        raise ValueError(f"live bits: {bits.dtype} {bits.shape} addresses, {lens.dtype} {lens.shape} lengths, "
+                         f"shift {shift}")

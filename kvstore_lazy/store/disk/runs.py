@@ -51,9 +51,10 @@ a k-way merge (the newest entry of an id kept, tombstones dropped when it includ
 over each run file as it is written: the request thread puts it in the merge's output group (probed before the
 inputs) and marks the input groups as answering only the ids above the output's last one, so the input runs it
 covers leave (their filters freed) as the merge goes: a merge holds one output file's filter more than the index
-did, for a moment. A removal of an id no run may hold (their bloom filters say so, in RAM) drops its memtable entry
-instead of writing a tombstone. Every temporary is bounded by a chunk, a batch, a run file or the memtable, never by
-the index's size.
+did, for a moment. A removal of an id no run may hold (not in the cache of lookups, which only runs fill, and
+the bloom filters say so: in RAM) empties its memtable entry in place (:data:`EMPTY`, left out by the flush)
+instead of writing a tombstone. Every temporary is bounded by a chunk, a batch, a run file or the memtable, never
+by the index's size.
 
 Crash consistency. The runs in use are named by :meth:`RunIndex.manifest` (JSON-able: the run files oldest first,
 the groups they form, and the id each group answers above while a merge takes it in). :meth:`RunIndex.commit`
@@ -357,21 +358,26 @@ class RunIndex:
             self._live += int((now & ~was).sum()) - int((~now & was).sum())
 
     def _in_runs(self, ids: np.ndarray) -> np.ndarray:
-        """A mask of the ``ids`` some run may hold (their bloom filters: no read), or the memtable being written."""
+        """A mask of the ``ids`` some run may hold, or the memtable being written: those in the cache of lookups (a
+        group answered them since the last flush, which empties it), then by the groups' bloom filters (no read)."""
         out = np.zeros(len(ids), bool) if self._frozen is None else self._frozen.lookup(ids) >= 0
         if self._groups and len(ids):
-            order = np.argsort(ids, kind="stable") if (ids[1:] < ids[:-1]).any() else None
-            sids = ids if order is None else ids[order]
-            held = np.zeros(len(ids), bool)
+            out |= self._cache.get(ids) != EMPTY        # (a promotion's rows: its lookup has just cached them)
+            rest = np.flatnonzero(~out)
+            order = np.argsort(ids[rest], kind="stable") if (ids[rest][1:] < ids[rest][:-1]).any() else None
+            rest = rest if order is None else rest[order]
+            held = np.zeros(len(rest), bool)
             for group in self._groups:
-                held |= group.may_hold(sids)
-            out[slice(None) if order is None else order] |= held
+                held |= group.may_hold(ids[rest])
+            out[rest] |= held
         return out
 
     def _forget(self, ids: np.ndarray) -> None:
-        """Drop present ``ids`` no run holds: their memtable entries go (no tombstone: nothing older to hide)."""
+        """Drop present ``ids`` no run holds (no tombstone: nothing older to hide): their memtable entries say
+        :data:`EMPTY`, absent to a lookup, left out by a flush (an array write: taking them out of the hash table
+        moves its last rows into their holes); the id's next set takes its entry again."""
         slots = self._mem.lookup(ids)
-        self._mem.remove_slots(slots[slots >= 0])
+        self._mem.arrays()[0][slots[slots >= 0], 0] = EMPTY
         self._live -= len(ids)
 
     def _sources(self, chunk: int) -> list[Iterator[tuple[np.ndarray, np.ndarray]]]:
@@ -545,11 +551,12 @@ def _open(cls, directory: Path, manifest: dict, memtable_entries: int, verify: b
 
 
 def _sorted(table: RowTable) -> tuple[np.ndarray, np.ndarray]:
-    """A memtable's (ids, locations), by id."""
+    """A memtable's (ids, locations), by id, its emptied entries (:meth:`RunIndex._forget`) left out."""
     n = len(table)
-    ids = table.row_ids_view()[:n]
+    ids, locs = table.row_ids_view()[:n], table.arrays()[0][:n, 0]
     order = np.argsort(ids, kind="stable")
-    return ids[order], table.arrays()[0][:n, 0][order]
+    order = order[locs[order] != EMPTY]
+    return ids[order], locs[order]
 
 
 def _probe_groups(groups: list[Group], ids: np.ndarray, counters: dict) -> tuple[np.ndarray, np.ndarray]:

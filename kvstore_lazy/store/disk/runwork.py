@@ -204,7 +204,9 @@ class Worker:
 
     def _flush_steps(self, job: Job) -> Generator[tuple, None, None]:
         order = np.argsort(job.ids)                # (a memtable's ids are unique: no need of a stable sort)
-        sorted_parts = ((job.ids[part], job.locs[part]) for part in np.array_split(order, -(-len(order) // CHUNK)))
+        order = order[job.locs[order] != EMPTY]     # (its emptied entries: ids no run holds, removed)
+        parts = np.array_split(order, max(1, -(-len(order) // CHUNK)))
+        sorted_parts = ((job.ids[part], job.locs[part]) for part in parts)
         runs: list[Run] = []                        # (gathered a chunk at a time: no sorted copy of the memtable)
         try:
             runs.extend(self._tables(sorted_parts))
