@@ -32,8 +32,7 @@ from kvstore_lazy.store.disk.runfile import mix64
 from kvstore_lazy.store.disk.state import StoreState
 
 VERIFY_BATCH = 1 << 14          # records read and checked at a time (~5 MB at D=32: a restore's transient)
-LIVE_BATCH = 1 << 18            # locations tested against the live bits at a time (~6 MB of sort temporaries):
-                                # a test takes a step a segment it touches, and a batch of hashed ids touches all
+LIVE_BATCH = 1 << 18            # locations tested against the live bits at a time (~1 MB of temporaries)
 _MASK = (1 << 64) - 1
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 
