@@ -106,7 +106,6 @@ def test_a_store_whose_live_bits_or_fills_disagree_with_its_runs_is_refused(tmp_
     a later batch finds it)."""
     from kvstore_lazy.store.disk import verify as disk_verify
     monkeypatch.setattr(disk_verify, "VERIFY_BATCH", 97)
-    monkeypatch.setattr(disk_verify, "LIVE_BATCH", 300)
     store = SegmentStore(tmp_path / "s", PAYLOAD, segment_rows=64, memtable_entries=100)
     ids = hashed(3000, seed=4)
     store.put(ids, payload(ids))

@@ -5,8 +5,9 @@
  * Owns: the bits of the split-block bloom filter (the same as runfile._bloom_where's numpy reference, so a file
  * written by either is read by both), finding the run and the block that may hold each id of a batch (id range,
  * filter, fences), the binary search of each id in its block, the k-way merge of sorted (id, location) chunks
- * newest first, and setting, clearing and testing the live bits of a batch of locations. Does not own: the run file's format, its reads or its block checks (runfile.py, kernels_io.c,
- * kernels_records.c), or which runs exist and in what order (runs.py).
+ * newest first, and setting, clearing and testing the live bits of a batch of locations. Does not own: the run
+ * file's format, its reads or its block checks (runfile.py, kernels_io.c, kernels_records.c), or which runs exist
+ * and in what order (runs.py).
  */
 #include "kernels.h"
 

@@ -176,7 +176,7 @@ class ZmqVan:
         self.context = zmq.Context()
         self.context.set(zmq.MAX_SOCKETS, 65536)
         self.io_busy = False                # see pace
-        self._io_tids: list[int] | None = None
+        self._io_tids: list[int] = []
         self.whole = whole and native_zmq()     # messages received and sent in one C call each (native_zmq)
         self.local = local
         self.water_mark = water_mark

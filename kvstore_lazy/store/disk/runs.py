@@ -364,12 +364,11 @@ class RunIndex:
         if self._groups and len(ids):
             out |= self._cache.get(ids) != EMPTY        # (a promotion's rows: its lookup has just cached them)
             rest = np.flatnonzero(~out)
-            order = np.argsort(ids[rest], kind="stable") if (ids[rest][1:] < ids[rest][:-1]).any() else None
-            rest = rest if order is None else rest[order]
-            held = np.zeros(len(rest), bool)
-            for group in self._groups:
-                held |= group.may_hold(ids[rest])
-            out[rest] |= held
+            part = ids[rest]
+            if (part[1:] < part[:-1]).any():            # (the filters take ascending ids)
+                order = np.argsort(part, kind="stable")
+                rest, part = rest[order], part[order]
+            out[rest] |= np.logical_or.reduce([group.may_hold(part) for group in self._groups])
         return out
 
     def _forget(self, ids: np.ndarray) -> None:

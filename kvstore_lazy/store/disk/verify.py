@@ -32,7 +32,6 @@ from kvstore_lazy.store.disk.runfile import mix64
 from kvstore_lazy.store.disk.state import StoreState
 
 VERIFY_BATCH = 1 << 14          # records read and checked at a time (~5 MB at D=32: a restore's transient)
-LIVE_BATCH = 1 << 18            # locations tested against the live bits at a time (~1 MB of temporaries)
 _MASK = (1 << 64) - 1
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -46,7 +45,6 @@ def verify(store: StoreState) -> None:
     for slot, written in store._fill.items():
         fill[slot] = written
     rows, pairs = 0, 0
-    held: list[np.ndarray] = []
     for ids, locs in store._index.items(VERIFY_BATCH):
         slots = (locs >> np.uint32(store._shift)).astype(np.int64)
         offsets = (locs & np.uint32(store.segment_rows - 1)).astype(np.int64)
@@ -56,22 +54,14 @@ def verify(store: StoreState) -> None:
         if store._bits is None:
             store._read_ordered(ids, locs)  # (checked in file order; not reordered: nothing keeps them)
             continue
-        held.append(locs)
-        if sum(map(len, held)) >= LIVE_BATCH:
-            _check_live(store, held)
-            held = []
+        if not store._bits.test(locs).all():
+            raise SegmentError(f"{where}: the index and the live records it lists disagree")
         pairs = (pairs + _pair_sum(ids, locs)) & _MASK
-    _check_live(store, held)
     if rows != len(store) or rows != int(store._live.sum()):
         raise SegmentError(f"{where}: {rows} rows indexed, {len(store)} counted, {int(store._live.sum())} live records")
     if store._bits is not None and _live_records_sum(store) != pairs:
         raise SegmentError(f"{where}: the index and the live records it lists disagree (an id's location does not "
                            "hold its record)")
-
-
-def _check_live(store: StoreState, held: list[np.ndarray]) -> None:
-    if held and store._bits is not None and not store._bits.test(np.concatenate(held)).all():
-        raise SegmentError(f"{store.path / INDEX_FILE}: the index and the live records it lists disagree")
 
 
 def _pair_sum(ids: np.ndarray, locs: np.ndarray) -> int:
