@@ -5,8 +5,10 @@ Plays two stock workers (the frames they send, through the wire codec: core_step
 fresh rows, then runs Zipf(1.2) pull + push steps of B rows per worker over it. Prints the process RSS (VmRSS, and
 the growth over the RSS before the key existed: mxnet is imported for the optimizer pickle), the server's CPU per
 step (all threads, and the request thread's own) and its rows/s per worker, and with ``--profile`` the hot spots
-(cProfile, the request thread). For tuning the tier; ``make bench`` (scenario tiered) holds the end-to-end numbers
-with real workers.
+(cProfile, the request thread). ``--index-times`` (with ``--hashed``): the wall time a Zipf step the request thread
+spends in the disk index's calls (lookups, and within them the groups' probes, their filters and fences, and the
+block reads, checks and searches on that thread; removals; sets), without cProfile's cost a call. For tuning the
+tier; ``make bench`` (scenario tiered) holds the end-to-end numbers with real workers.
 
 ``--hashed``: the key declared with 2^40 rows and its ids spread one to one over them (id x an odd factor mod
 2^40), so the tier indexes its rows on disk with the RunIndex (store/disk/runs.py) instead of a dense index; the
@@ -117,6 +119,56 @@ class HwmTrace:
         return "\n".join(lines)
 
 
+# (owner module, attribute, label) of the disk index's calls --index-times times on the request thread; nested
+# ones (a probe within a lookup) count in both
+INDEX_CALLS = [("kvstore_lazy.store.disk.runs", "RunIndex.lookup", "lookup"),
+               ("kvstore_lazy.store.disk.runfile", "Probe.__call__", "  groups' probes"),
+               ("kvstore_lazy.store.disk.runcalls", "runs_probe", "    filters and fences"),
+               ("kvstore_lazy.store.disk.runcalls", "runs_read_search", "    block reads, checks, searches"),
+               ("kvstore_lazy.store.disk.runs", "RunIndex.remove", "remove"),
+               ("kvstore_lazy.store.disk.runs", "RunIndex.set", "set")]
+
+
+class IndexTimes:
+    """Wall time and calls of each of :data:`INDEX_CALLS` made on the thread that made this (the request thread):
+    the block reads a lookup hands to a pool thread are not in it."""
+
+    def __init__(self) -> None:
+        import importlib
+        import threading
+        self.thread = threading.get_ident()
+        self.wall = {label: 0.0 for _, _, label in INDEX_CALLS}
+        self.calls = dict.fromkeys(self.wall, 0)
+        for module, name, label in INDEX_CALLS:
+            owner = importlib.import_module(module)
+            *path, attr = name.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, attr, self._wrap(label, getattr(owner, attr), threading.get_ident))
+
+    def _wrap(self, label: str, fn, ident):
+        def timed(*args, **kwargs):
+            if ident() != self.thread:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[label] += time.perf_counter() - start
+                self.calls[label] += 1
+        return timed
+
+    def clear(self) -> None:
+        for label in self.wall:
+            self.wall[label], self.calls[label] = 0.0, 0
+
+    def report(self, steps: int) -> str:
+        lines = ["disk index, wall ms a Zipf step on the request thread (calls a step):"]
+        for label, wall in self.wall.items():
+            lines.append(f"  {label:<36} {wall / steps * 1e3:6.2f} ({self.calls[label] / steps:.1f})")
+        return "\n".join(lines)
+
+
 def zipf_ids(rng, rows: int, batch: int) -> np.ndarray:
     ids: set[int] = set()
     while len(ids) < batch:
@@ -166,6 +218,8 @@ def main() -> int:
                         help="KVSTORE_LAZY_DISK_ADMIT_WINDOW (rounds; 0: every touched row comes back)")
     parser.add_argument("--hashed", action="store_true",
                         help="ids hashed over 2^40 (the key declared with 2^40 rows): the disk index is a RunIndex")
+    parser.add_argument("--index-times", action="store_true",
+                        help="with --hashed: the request thread's wall time in the disk index's calls a Zipf step")
     parser.add_argument("--memtable", type=int, default=None,
                         help="the RunIndex's memtable entries (default: the tier's share of the budget)")
     parser.add_argument("--append-rewrites", action="store_true",
@@ -193,6 +247,7 @@ def main() -> int:
     handle(workers[0].rows(np.zeros(0, np.int64), np.zeros((0, args.dim), np.float32)))
     base = rss()
     trace = HwmTrace() if args.rss_trace else None
+    times = IndexTimes() if args.index_times else None
     rng = np.random.default_rng(0)
     grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 0.01
     profile = cProfile.Profile(time.process_time) if args.profile else None     # CPU, the kernel's included
@@ -224,6 +279,8 @@ def main() -> int:
         profile.enable()
     walls.clear()
     threads.clear()
+    if times:
+        times.clear()
     cpu = [step([ids_of(zipf_ids(rng, args.rows, args.batch)) for _ in workers]) for _ in range(args.steps)]
     if profile:
         profile.disable()
@@ -247,6 +304,8 @@ def main() -> int:
     if after:
         print("zipf phase, per step: " + ", ".join(f"{k} {(after[k] - before[k]) / max(1, args.steps):,.0f}"
                                                   for k in after))
+    if times:
+        print(times.report(max(1, args.steps)))
     if trace:
         print(trace.report(base))
     else:
