@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import pstats
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -80,7 +82,6 @@ class HwmTrace:
         self.peak = 0
         self.stack: list[list] = []          # [label, rss at entry, max VmHWM seen]
         for module, cls, name in TRACED:
-            import importlib
             owner = getattr(importlib.import_module(module), cls)
             setattr(owner, name, self._wrap(f"{cls}.{name}", getattr(owner, name)))
 
@@ -134,8 +135,6 @@ class IndexTimes:
     the block reads a lookup hands to a pool thread are not in it."""
 
     def __init__(self) -> None:
-        import importlib
-        import threading
         self.thread = threading.get_ident()
         self.wall = {label: 0.0 for _, _, label in INDEX_CALLS}
         self.calls = dict.fromkeys(self.wall, 0)
@@ -144,11 +143,11 @@ class IndexTimes:
             *path, attr = name.split(".")
             for part in path:
                 owner = getattr(owner, part)
-            setattr(owner, attr, self._wrap(label, getattr(owner, attr), threading.get_ident))
+            setattr(owner, attr, self._wrap(label, getattr(owner, attr)))
 
-    def _wrap(self, label: str, fn, ident):
+    def _wrap(self, label: str, fn):
         def timed(*args, **kwargs):
-            if ident() != self.thread:
+            if threading.get_ident() != self.thread:
                 return fn(*args, **kwargs)
             start = time.perf_counter()
             try:
