@@ -72,6 +72,15 @@ TRACED = [("kvstore_lazy.server.lifecycle", "Lifecycle", "enforce_budget"),
           ("kvstore_lazy.store.segments", "SegmentStore", "new_records")]
 
 
+def replace(module: str, name: str, wrap) -> None:
+    """Put ``wrap(f)`` in the place of ``f``, the attribute ``name`` (dotted: ``Class.method``) of ``module``."""
+    owner = importlib.import_module(module)
+    *path, attr = name.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, attr, wrap(getattr(owner, attr)))
+
+
 class HwmTrace:
     """Each traced function's peak RSS above the RSS at its entry (VmHWM reset at every entry and exit of a traced
     call; an inner call passes what it saw on to the calls around it)."""
@@ -82,8 +91,7 @@ class HwmTrace:
         self.peak = 0
         self.stack: list[list] = []          # [label, rss at entry, max VmHWM seen]
         for module, cls, name in TRACED:
-            owner = getattr(importlib.import_module(module), cls)
-            setattr(owner, name, self._wrap(f"{cls}.{name}", getattr(owner, name)))
+            replace(module, f"{cls}.{name}", lambda fn, label=f"{cls}.{name}": self._wrap(label, fn))
 
     @staticmethod
     def _reset() -> None:
@@ -139,11 +147,7 @@ class IndexTimes:
         self.wall = {label: 0.0 for _, _, label in INDEX_CALLS}
         self.calls = dict.fromkeys(self.wall, 0)
         for module, name, label in INDEX_CALLS:
-            owner = importlib.import_module(module)
-            *path, attr = name.split(".")
-            for part in path:
-                owner = getattr(owner, part)
-            setattr(owner, attr, self._wrap(label, getattr(owner, attr)))
+            replace(module, name, lambda fn, label=label: self._wrap(label, fn))
 
     def _wrap(self, label: str, fn):
         def timed(*args, **kwargs):
