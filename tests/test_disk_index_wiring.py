@@ -86,7 +86,7 @@ def test_the_live_bits_answer_for_locations_as_a_set_does():
     query = np.arange(45 * 64, dtype=np.uint32)
     np.testing.assert_array_equal(copy.test(query), bits.test(query))
     np.testing.assert_array_equal(copy.counts(), bits.counts())
-    for live_bits in (bits, copy):          # (kept as the segments' bytes change, not summed at every call)
+    for live_bits in (bits, copy):          # (the lengths kept beside the bytes: theirs)
         assert live_bits.nbytes() == sum(mine.nbytes for mine in live_bits.bits) + 16 * 40
     assert not bits.test(np.zeros(0, np.uint32)).size
     with pytest.raises(IndexError, match="segment slot 41 of 40"):

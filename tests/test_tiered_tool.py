@@ -46,7 +46,7 @@ def test_index_times_count_the_runindex_calls_a_hashed_key_makes():
         assert times[label][1] > 0, (label, out)                # each call made on the request thread, counted
     lookup, probes, filters, reads = (times[k][0] for k in LABELS[:4])
     assert lookup >= probes >= max(filters, reads)              # nested calls inside the calls around them
-    assert probes >= filters + reads - 0.05                     # (both inside a group's probe; 0.01 ms rounding)
+    assert probes >= filters + reads - 0.05                     # (both inside a group's probe; printed to 0.01 ms)
 
 
 def test_index_times_see_no_runindex_call_with_a_dense_key():

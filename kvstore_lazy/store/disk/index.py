@@ -164,7 +164,6 @@ class LiveBits:
         self.bits: list[np.ndarray] = []                # segment slot -> its bits (little-endian bit order)
         self._addrs = np.zeros(0, np.uint64)            # slot -> the address of bits[slot]'s bytes, and how many
         self._lens = np.zeros(0, np.int64)
-        self._bytes = 0                                 # the sum of _lens (the budget asks for it every round)
 
     def grow(self, slots: int) -> None:
         if slots <= len(self.bits):
@@ -193,7 +192,6 @@ class LiveBits:
 
     def _keep(self, slot: int, mine: np.ndarray) -> None:
         """``mine`` (C-contiguous uint8) as slot's bits, its address and length where the compiled loops find them."""
-        self._bytes += len(mine) - int(self._lens[slot])
         self.bits[slot] = mine
         self._addrs[slot] = mine.ctypes.data
         self._lens[slot] = len(mine)
@@ -232,4 +230,4 @@ class LiveBits:
         return np.array([int(_POPCOUNT[mine].sum()) for mine in self.bits], np.int64)
 
     def nbytes(self) -> int:
-        return self._bytes + self._addrs.nbytes + self._lens.nbytes
+        return int(self._lens.sum()) + self._addrs.nbytes + self._lens.nbytes

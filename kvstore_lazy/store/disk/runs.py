@@ -80,7 +80,7 @@ import numpy as np
 from kvstore_lazy.store.disk.errors import SegmentError
 from kvstore_lazy.store.disk.runfile import (BLOCK_BYTES, EMPTY, RUN_GLOB, TEMP_SUFFIX, TOMBSTONE, Format, Run,
                                              merged, open_run, rechunk, run_name)
-from kvstore_lazy.store.disk.runwork import CHUNK, Group, Job, Recent, Worker
+from kvstore_lazy.store.disk.runwork import CHUNK, Group, Job, Recent, Worker, memtable_order
 from kvstore_lazy.store.rows import RowTable, as_row_ids
 
 __all__ = ["RunIndex", "EMPTY", "TOMBSTONE", "FORMAT", "run_name"]
@@ -553,8 +553,7 @@ def _sorted(table: RowTable) -> tuple[np.ndarray, np.ndarray]:
     """A memtable's (ids, locations), by id, its emptied entries (:meth:`RunIndex._forget`) left out."""
     n = len(table)
     ids, locs = table.row_ids_view()[:n], table.arrays()[0][:n, 0]
-    order = np.argsort(ids, kind="stable")
-    order = order[locs[order] != EMPTY]
+    order = memtable_order(ids, locs)
     return ids[order], locs[order]
 
 

@@ -115,6 +115,13 @@ class Recent:
         return self.ids.nbytes + self.locs.nbytes
 
 
+def memtable_order(ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
+    """The positions of a memtable's entries (``ids`` unique, their ``locs``) by id, its emptied ones (:data:`EMPTY`:
+    ids no run holds, removed) left out."""
+    order = np.argsort(ids)                     # (unique ids: no need of a stable sort)
+    return order[locs[order] != EMPTY]
+
+
 class Worker:
     """The background thread of the index of ``directory``: run files of at most ``table_entries`` entries in
     ``fmt`` with ``bloom_bits`` bits of filter an entry, numbered from ``next_number`` on."""
@@ -203,8 +210,7 @@ class Worker:
                 self.cond.notify_all()
 
     def _flush_steps(self, job: Job) -> Generator[tuple, None, None]:
-        order = np.argsort(job.ids)                # (a memtable's ids are unique: no need of a stable sort)
-        order = order[job.locs[order] != EMPTY]     # (its emptied entries: ids no run holds, removed)
+        order = memtable_order(job.ids, job.locs)
         parts = np.array_split(order, max(1, -(-len(order) // CHUNK)))
         sorted_parts = ((job.ids[part], job.locs[part]) for part in parts)
         runs: list[Run] = []                        # (gathered a chunk at a time: no sorted copy of the memtable)
